@@ -1,0 +1,1 @@
+"""Cloud Spanner change streams → whole, ordered transactions (and, later, Delta Lake)."""

@@ -1,0 +1,230 @@
+"""Change stream partitions: lifecycle, parent/child lineage, watermarks.
+
+Pure bookkeeping with no I/O, so every rule of design.md contract 2 is testable on a simulated
+topology. The reader feeds it records per partition token and asks which partitions to start.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import structlog
+
+from ingest.records import ChangeRecord, ChildPartitionsRecord, DataChangeRecord, HeartbeatRecord
+from ingest.timestamps import Nanos, to_rfc3339
+
+INITIAL_PARTITION = ""
+"""Token under which the initial query (``partition_token => NULL``) is tracked."""
+
+
+class PartitionState(enum.Enum):
+    CREATED = "CREATED"
+    SCHEDULED = "SCHEDULED"
+    RUNNING = "RUNNING"
+    FINISHED = "FINISHED"
+
+
+class PartitionLifecycleError(RuntimeError):
+    """A partition event that contradicts the lineage rules: a bug, never data to skip."""
+
+
+@dataclass(slots=True)
+class Partition:
+    token: str
+    start_timestamp: Nanos
+    end_timestamp: Nanos | None
+    heartbeat_millis: int
+    parent_tokens: frozenset[str]
+    state: PartitionState = PartitionState.CREATED
+    watermark: Nanos = 0
+    """Every record with commit timestamp ≤ watermark has been delivered."""
+    child_tokens: set[str] = field(default_factory=set)
+    attempts: int = 0
+
+    @property
+    def resume_timestamp(self) -> Nanos:
+        """Where a new query of this partition starts without missing anything."""
+        return max(self.start_timestamp, self.watermark + 1)
+
+    @property
+    def reached_end(self) -> bool:
+        return self.end_timestamp is not None and self.watermark >= self.end_timestamp
+
+
+def watermark_after(record: ChangeRecord) -> Nanos:
+    """The partition watermark a record proves.
+
+    Data at T: more records at T may follow (the same or another transaction), so only T - 1 is
+    proven. A heartbeat at T proves T. A child partitions record at S ends the partition at S - 1.
+    """
+    if isinstance(record, DataChangeRecord):
+        return record.commit_timestamp - 1
+    if isinstance(record, HeartbeatRecord):
+        return record.timestamp
+    return record.start_timestamp - 1
+
+
+class PartitionTracker:
+    def __init__(
+        self,
+        start_timestamp: Nanos,
+        end_timestamp: Nanos | None,
+        heartbeat_millis: int,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+    ) -> None:
+        self._start_timestamp = start_timestamp
+        self._end_timestamp = end_timestamp
+        self._heartbeat_millis = heartbeat_millis
+        self._log = log or structlog.get_logger("ingest.partitions").bind()
+        self._partitions: dict[str, Partition] = {}
+        self._finished: set[str] = set()
+
+    # -- creation --------------------------------------------------------------------------
+
+    def add_initial(self) -> Partition:
+        return self._create(INITIAL_PARTITION, self._start_timestamp, frozenset())
+
+    def restore(self, partitions: Iterable[Partition], finished_tokens: Iterable[str]) -> None:
+        """Resume from a checkpoint: unfinished partitions, and finished parents still awaited."""
+        self._finished.update(finished_tokens)
+        for partition in partitions:
+            partition.state = PartitionState.CREATED
+            self._partitions[partition.token] = partition
+
+    def _create(self, token: str, start: Nanos, parents: frozenset[str]) -> Partition:
+        partition = Partition(
+            token=token,
+            start_timestamp=start,
+            end_timestamp=self._end_timestamp,
+            heartbeat_millis=self._heartbeat_millis,
+            parent_tokens=parents,
+            watermark=start - 1,
+        )
+        self._partitions[token] = partition
+        self._log.info(
+            "partition_created",
+            partition_token=token,
+            start_timestamp=to_rfc3339(start),
+            parent_partition_tokens=sorted(parents),
+        )
+        return partition
+
+    # -- scheduling ------------------------------------------------------------------------
+
+    def take_ready(self, limit: int) -> list[Partition]:
+        """Mark up to ``limit`` CREATED partitions whose parents have all finished as SCHEDULED."""
+        ready = [
+            p
+            for p in self._partitions.values()
+            if p.state is PartitionState.CREATED and p.parent_tokens <= self._finished
+        ]
+        ready.sort(key=lambda p: (p.watermark, p.token))
+        taken = ready[: max(limit, 0)]
+        for partition in taken:
+            partition.state = PartitionState.SCHEDULED
+            self._log.info("partition_scheduled", partition_token=partition.token)
+        return taken
+
+    def mark_running(self, token: str, query_start: Nanos) -> None:
+        partition = self._get(token)
+        if partition.state not in (PartitionState.SCHEDULED, PartitionState.RUNNING):
+            raise PartitionLifecycleError(f"partition {token!r} started from {partition.state}")
+        partition.state = PartitionState.RUNNING
+        partition.attempts += 1
+        self._log.info(
+            "partition_running",
+            partition_token=token,
+            query_start_timestamp=to_rfc3339(query_start),
+            attempt=partition.attempts,
+        )
+
+    @property
+    def running_count(self) -> int:
+        return sum(
+            1
+            for p in self._partitions.values()
+            if p.state in (PartitionState.SCHEDULED, PartitionState.RUNNING)
+        )
+
+    # -- records ---------------------------------------------------------------------------
+
+    def on_record(self, token: str, record: ChangeRecord) -> list[Partition]:
+        """Advance the partition's watermark; return child partitions created by this record."""
+        partition = self._get(token)
+        if partition.state is not PartitionState.RUNNING:
+            raise PartitionLifecycleError(f"record for partition {token!r} in {partition.state}")
+        partition.watermark = max(partition.watermark, watermark_after(record))
+        if isinstance(record, ChildPartitionsRecord):
+            return self._register_children(partition, record)
+        return []
+
+    def _register_children(
+        self, parent: Partition, record: ChildPartitionsRecord
+    ) -> list[Partition]:
+        created = []
+        for child in record.child_partitions:
+            parent.child_tokens.add(child.token)
+            parents = frozenset(child.parent_partition_tokens)
+            known = self._partitions.get(child.token)
+            if known is not None or child.token in self._finished:
+                if known is not None and not parents <= known.parent_tokens:
+                    known.parent_tokens = known.parent_tokens | parents
+                self._log.info(
+                    "child_partition_deduplicated",
+                    partition_token=child.token,
+                    reported_by=parent.token,
+                )
+                continue
+            created.append(self._create(child.token, record.start_timestamp, parents))
+        return created
+
+    def on_stream_end(self, token: str) -> None:
+        """The partition's query closed cleanly: FINISHED once its children are registered."""
+        partition = self._get(token)
+        if not partition.child_tokens and not partition.reached_end:
+            raise PartitionLifecycleError(
+                f"partition {token!r} ended without a child partitions record; retry it"
+            )
+        partition.state = PartitionState.FINISHED
+        self._finished.add(token)
+        del self._partitions[token]
+        self._log.info(
+            "partition_finished",
+            partition_token=token,
+            watermark=to_rfc3339(partition.watermark),
+            child_partition_tokens=sorted(partition.child_tokens),
+        )
+        self._forget_unreferenced_finished()
+
+    def _forget_unreferenced_finished(self) -> None:
+        awaited = set().union(*(p.parent_tokens for p in self._partitions.values()))
+        self._finished &= awaited | {INITIAL_PARTITION}
+
+    # -- watermarks ------------------------------------------------------------------------
+
+    def low_watermark(self) -> Nanos | None:
+        """Minimum watermark over unfinished partitions, including children not started yet.
+
+        None once every partition has finished (a bounded read that reached its end timestamp).
+        """
+        if not self._partitions:
+            return None
+        return min(p.watermark for p in self._partitions.values())
+
+    @property
+    def all_finished(self) -> bool:
+        return not self._partitions
+
+    def unfinished(self) -> list[Partition]:
+        return list(self._partitions.values())
+
+    def finished_parents(self) -> set[str]:
+        return set(self._finished)
+
+    def _get(self, token: str) -> Partition:
+        partition = self._partitions.get(token)
+        if partition is None:
+            raise PartitionLifecycleError(f"unknown or finished partition {token!r}")
+        return partition

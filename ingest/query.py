@@ -1,0 +1,176 @@
+"""The change stream DAO: the TVF statement, the single-use strong read, stream metadata.
+
+Only the exact query shape the change stream TVF accepts is issued, with every value bound as a
+parameter; the stream name is the one identifier interpolated, so it is validated first.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from google.cloud.spanner_v1 import param_types
+from google.cloud.spanner_v1.database import Database
+
+from ingest import mapper
+from ingest.records import ChangeRecord
+from ingest.timestamps import NANOS_PER_SECOND, Nanos, to_datetime, to_rfc3339
+
+MIN_HEARTBEAT_MILLIS = 100
+MAX_HEARTBEAT_MILLIS = 300_000
+DEFAULT_RETENTION_NANOS = 24 * 3600 * NANOS_PER_SECOND
+_STREAM_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
+_RETENTION = re.compile(r"^(\d+)([smhd])$")
+_RETENTION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class Dialect(enum.Enum):
+    GOOGLE_STANDARD_SQL = "googlesql"
+    POSTGRESQL = "postgresql"
+
+
+class ChangeStreamRequestError(ValueError):
+    """A read request Spanner would refuse; the message is meant for the operator as is."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeStreamInfo:
+    name: str
+    retention_nanos: Nanos
+
+
+def validate_stream_name(stream: str) -> str:
+    if not _STREAM_NAME.match(stream):
+        raise ChangeStreamRequestError(
+            f"change stream name {stream!r} is not a valid identifier (letters, digits, _)"
+        )
+    return stream
+
+
+def validate_heartbeat(heartbeat_millis: int) -> int:
+    if not MIN_HEARTBEAT_MILLIS <= heartbeat_millis <= MAX_HEARTBEAT_MILLIS:
+        raise ChangeStreamRequestError(
+            f"heartbeat must be between {MIN_HEARTBEAT_MILLIS} and {MAX_HEARTBEAT_MILLIS} ms, "
+            f"got {heartbeat_millis}"
+        )
+    return heartbeat_millis
+
+
+def validate_start(start: Nanos, now: Nanos, info: ChangeStreamInfo) -> Nanos:
+    if start > now:
+        raise ChangeStreamRequestError(
+            f"start timestamp {to_rfc3339(start)} is in the future (now {to_rfc3339(now)})"
+        )
+    earliest = now - info.retention_nanos
+    if start < earliest:
+        raise ChangeStreamRequestError(
+            f"start timestamp {to_rfc3339(start)} is outside the retention period of change "
+            f"stream {info.name} (earliest readable {to_rfc3339(earliest)})"
+        )
+    return start
+
+
+def parse_retention(text: str) -> Nanos:
+    match = _RETENTION.match(text.strip())
+    if match is None:
+        raise ValueError(f"unrecognised retention period {text!r}")
+    return int(match.group(1)) * _RETENTION_UNITS[match.group(2)] * NANOS_PER_SECOND
+
+
+def detect_dialect(database: Database) -> Dialect:
+    """The database's dialect from its information schema: needs read access only, no admin API."""
+    sql = (
+        "SELECT option_value FROM information_schema.database_options "
+        "WHERE option_name = 'database_dialect'"
+    )
+    with database.snapshot() as snapshot:
+        rows = list(snapshot.execute_sql(sql))
+    value = rows[0][0] if rows else "GOOGLE_STANDARD_SQL"
+    return Dialect.POSTGRESQL if value == "POSTGRESQL" else Dialect.GOOGLE_STANDARD_SQL
+
+
+def describe_stream(database: Database, stream: str) -> ChangeStreamInfo:
+    """Look the stream up; an unknown stream is a ``ChangeStreamRequestError``."""
+    validate_stream_name(stream)
+    sql = (
+        "SELECT s.change_stream_name, o.option_value FROM information_schema.change_streams s "
+        "LEFT JOIN information_schema.change_stream_options o "
+        "ON o.change_stream_name = s.change_stream_name AND o.option_name = 'retention_period'"
+    )
+    with database.snapshot() as snapshot:
+        rows = list(snapshot.execute_sql(sql))
+    retention = {name: value for name, value in rows}
+    if stream not in retention:
+        known = ", ".join(sorted(retention)) or "none"
+        raise ChangeStreamRequestError(
+            f"change stream {stream!r} does not exist in database {database.database_id} "
+            f"(streams: {known})"
+        )
+    value = retention[stream]
+    return ChangeStreamInfo(
+        stream, parse_retention(value) if value else DEFAULT_RETENTION_NANOS
+    )
+
+
+def statement(
+    stream: str,
+    dialect: Dialect,
+    partition_token: str | None,
+    start: Nanos,
+    end: Nanos | None,
+    heartbeat_millis: int,
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """SQL text, parameters and parameter types of one change stream query."""
+    validate_stream_name(stream)
+    values = [
+        to_datetime(start),
+        None if end is None else to_datetime(end),
+        partition_token,
+        heartbeat_millis,
+    ]
+    types = [param_types.TIMESTAMP, param_types.TIMESTAMP, param_types.STRING, param_types.INT64]
+    if dialect is Dialect.POSTGRESQL:
+        sql = f"SELECT * FROM spanner.read_json_{stream}($1, $2, $3, $4, null)"
+        names = ["p1", "p2", "p3", "p4"]
+    else:
+        sql = (
+            f"SELECT ChangeRecord FROM READ_{stream}(start_timestamp => @start_timestamp, "
+            "end_timestamp => @end_timestamp, partition_token => @partition_token, "
+            "heartbeat_milliseconds => @heartbeat_milliseconds)"
+        )
+        names = ["start_timestamp", "end_timestamp", "partition_token", "heartbeat_milliseconds"]
+    return sql, dict(zip(names, values, strict=True)), dict(zip(names, types, strict=True))
+
+
+def row_mapper(dialect: Dialect, fields: Any) -> Callable[[list[Any]], list[dict[str, Any]]]:
+    if dialect is Dialect.POSTGRESQL:
+        return mapper.postgresql_row_mapper(fields)
+    return mapper.googlesql_row_mapper(fields)
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeStreamQuery:
+    """Runs change stream queries for one stream of one database."""
+
+    database: Database
+    stream: str
+    dialect: Dialect
+    heartbeat_millis: int
+
+    def read(
+        self, partition_token: str | None, start: Nanos, end: Nanos | None
+    ) -> Iterator[ChangeRecord]:
+        sql, params, types = statement(
+            self.stream, self.dialect, partition_token, start, end, self.heartbeat_millis
+        )
+        with self.database.snapshot() as snapshot:
+            results = snapshot.execute_sql(sql, params=params, param_types=types)
+            to_dicts = None
+            for row in results:
+                if to_dicts is None:
+                    to_dicts = row_mapper(self.dialect, results.fields)
+                for change_record in to_dicts(row):
+                    yield from mapper.records_from_change_record(change_record)

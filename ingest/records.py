@@ -1,0 +1,90 @@
+"""The change stream's record types, as plain values.
+
+Field names follow the Spanner change stream record format. Timestamps are integer nanoseconds
+(see ``ingest.timestamps``); JSON fields (keys, values, column types) are plain Python values
+exactly as Spanner sent them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ingest.timestamps import Nanos
+
+JsonValue = Any
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnType:
+    name: str
+    type: dict[str, JsonValue]
+    is_primary_key: bool
+    ordinal_position: int
+
+
+@dataclass(frozen=True, slots=True)
+class Mod:
+    keys: dict[str, JsonValue]
+    new_values: dict[str, JsonValue]
+    old_values: dict[str, JsonValue]
+
+
+@dataclass(frozen=True, slots=True)
+class DataChangeRecord:
+    commit_timestamp: Nanos
+    record_sequence: str
+    server_transaction_id: str
+    is_last_record_in_transaction_in_partition: bool
+    table_name: str
+    column_types: tuple[ColumnType, ...]
+    mods: tuple[Mod, ...]
+    mod_type: str
+    value_capture_type: str
+    number_of_records_in_transaction: int
+    number_of_partitions_in_transaction: int
+    transaction_tag: str
+    is_system_transaction: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatRecord:
+    timestamp: Nanos
+
+
+@dataclass(frozen=True, slots=True)
+class ChildPartition:
+    token: str
+    parent_partition_tokens: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ChildPartitionsRecord:
+    start_timestamp: Nanos
+    record_sequence: str
+    child_partitions: tuple[ChildPartition, ...]
+
+
+ChangeRecord = DataChangeRecord | HeartbeatRecord | ChildPartitionsRecord
+
+
+def sequence_key(record_sequence: str) -> tuple[int, str]:
+    """Order record sequences numerically when they are digits of differing width."""
+    return (len(record_sequence), record_sequence)
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    """All data change records of one committed transaction, in record_sequence order."""
+
+    commit_timestamp: Nanos
+    server_transaction_id: str
+    records: tuple[DataChangeRecord, ...]
+
+    @property
+    def order_key(self) -> tuple[Nanos, str]:
+        return (self.commit_timestamp, self.server_transaction_id)
+
+    @property
+    def mod_count(self) -> int:
+        return sum(len(record.mods) for record in self.records)
