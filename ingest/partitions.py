@@ -113,13 +113,19 @@ class PartitionTracker:
 
     # -- scheduling ------------------------------------------------------------------------
 
-    def take_ready(self, limit: int) -> list[Partition]:
-        """Mark up to ``limit`` CREATED partitions whose parents have all finished as SCHEDULED."""
-        ready = [
+    def _ready(self) -> list[Partition]:
+        return [
             p
             for p in self._partitions.values()
             if p.state is PartitionState.CREATED and p.parent_tokens <= self._finished
         ]
+
+    def ready_count(self) -> int:
+        return len(self._ready())
+
+    def take_ready(self, limit: int) -> list[Partition]:
+        """Mark up to ``limit`` CREATED partitions whose parents have all finished as SCHEDULED."""
+        ready = self._ready()
         ready.sort(key=lambda p: (p.watermark, p.token))
         taken = ready[: max(limit, 0)]
         for partition in taken:

@@ -110,9 +110,7 @@ def describe_stream(database: Database, stream: str) -> ChangeStreamInfo:
             f"(streams: {known})"
         )
     value = retention[stream]
-    return ChangeStreamInfo(
-        stream, parse_retention(value) if value else DEFAULT_RETENTION_NANOS
-    )
+    return ChangeStreamInfo(stream, parse_retention(value) if value else DEFAULT_RETENTION_NANOS)
 
 
 def statement(

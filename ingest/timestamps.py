@@ -61,8 +61,14 @@ def to_datetime(value: Nanos) -> DatetimeWithNanoseconds:
     seconds, nanos = divmod(value, NANOS_PER_SECOND)
     base = _EPOCH + dt.timedelta(seconds=seconds)
     return DatetimeWithNanoseconds(
-        base.year, base.month, base.day, base.hour, base.minute, base.second,
-        nanosecond=nanos, tzinfo=dt.UTC,
+        base.year,
+        base.month,
+        base.day,
+        base.hour,
+        base.minute,
+        base.second,
+        nanosecond=nanos,
+        tzinfo=dt.UTC,
     )
 
 

@@ -1,0 +1,191 @@
+"""Command line: ``python -m ingest tail`` prints whole, ordered transactions as JSON lines.
+
+Every bad input ends with one ``error:`` line on stderr and a non-zero exit: 2 for a request that
+cannot be valid, 1 for a failure while running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NoReturn, TextIO
+
+from google.api_core import exceptions as api_exceptions
+from google.cloud import spanner
+
+from ingest import query
+from ingest.assembler import IncompleteTransactionError, InconsistentTransactionError
+from ingest.encoding import canonical_json, transaction_to_dict
+from ingest.logs import make_logger
+from ingest.reader import ChangeStreamReader, PartitionQueryFailed, ReaderConfig, Release
+from ingest.timestamps import Nanos, parse_rfc3339, to_rfc3339
+
+EXIT_RUNTIME_ERROR = 1
+EXIT_BAD_INPUT = 2
+
+
+class UsageError(ValueError):
+    """A command line value that cannot be valid."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _timestamp(text: str) -> Nanos:
+    if text == "now":
+        return time.time_ns()
+    try:
+        return parse_rfc3339(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m ingest", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    tail = commands.add_parser("tail", help="print committed transactions as JSON lines")
+    env = os.environ.get
+    tail.add_argument("--project", default=env("SPANNER_PROJECT", "local-project"))
+    tail.add_argument("--instance", default=env("SPANNER_INSTANCE", "local-instance"))
+    tail.add_argument("--database", default=env("SPANNER_DATABASE", "bank"))
+    tail.add_argument("--stream", default=env("SPANNER_CHANGE_STREAM", "AllChanges"))
+    tail.add_argument(
+        "--dialect", choices=["auto", *(d.value for d in query.Dialect)], default="auto"
+    )
+    tail.add_argument("--heartbeat-ms", type=int, default=1000)
+    tail.add_argument(
+        "--start-timestamp", type=_timestamp, default="now", help="RFC 3339 or 'now' (default)"
+    )
+    tail.add_argument(
+        "--end-timestamp",
+        type=_timestamp,
+        default=None,
+        help="RFC 3339; stop once everything up to it is printed",
+    )
+    tail.add_argument("--max-concurrent-partitions", type=int, default=512)
+    tail.add_argument("--memory-budget-mb", type=int, default=256)
+    tail.add_argument("--stats-interval-s", type=float, default=10.0)
+    tail.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+@dataclass(frozen=True)
+class TailRequest:
+    database: object
+    source: query.ChangeStreamQuery
+    config: ReaderConfig
+
+
+def prepare_tail(args: argparse.Namespace) -> TailRequest:
+    """Validate everything that can be validated before the first partition query."""
+    query.validate_heartbeat(args.heartbeat_ms)
+    query.validate_stream_name(args.stream)
+    if args.max_concurrent_partitions < 1:
+        raise UsageError("--max-concurrent-partitions must be at least 1")
+    if args.memory_budget_mb < 1:
+        raise UsageError("--memory-budget-mb must be at least 1")
+    if args.end_timestamp is not None and args.end_timestamp < args.start_timestamp:
+        raise UsageError(
+            f"end timestamp {to_rfc3339(args.end_timestamp)} is before the start timestamp "
+            f"{to_rfc3339(args.start_timestamp)}"
+        )
+    client = spanner.Client(project=args.project)
+    database = client.instance(args.instance).database(args.database)
+    dialect = (
+        query.detect_dialect(database) if args.dialect == "auto" else query.Dialect(args.dialect)
+    )
+    info = query.describe_stream(database, args.stream)
+    query.validate_start(args.start_timestamp, time.time_ns(), info)
+    config = ReaderConfig(
+        start_timestamp=args.start_timestamp,
+        end_timestamp=args.end_timestamp,
+        heartbeat_millis=args.heartbeat_ms,
+        max_concurrent_partitions=args.max_concurrent_partitions,
+        memory_budget_bytes=args.memory_budget_mb * 1024 * 1024,
+        stats_interval_seconds=args.stats_interval_s,
+    )
+    return TailRequest(
+        database, query.ChangeStreamQuery(database, args.stream, dialect, args.heartbeat_ms), config
+    )
+
+
+def run_tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    log = make_logger(err, args.log_level).bind(command="tail", stream=args.stream)
+    request = prepare_tail(args)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+
+    def print_release(release: Release) -> None:
+        for transaction in release.transactions:
+            out.write(canonical_json(transaction_to_dict(transaction)) + "\n")
+        out.flush()
+        if release.transactions:
+            log.debug(
+                "transactions_released",
+                transactions=len(release.transactions),
+                low_watermark=to_rfc3339(release.low_watermark),
+            )
+
+    reader = ChangeStreamReader(request.source, request.config, log)
+    log.info(
+        "tail_started",
+        dialect=request.source.dialect.value,
+        start_timestamp=to_rfc3339(request.config.start_timestamp),
+        end_timestamp=(
+            None
+            if request.config.end_timestamp is None
+            else to_rfc3339(request.config.end_timestamp)
+        ),
+        heartbeat_ms=request.config.heartbeat_millis,
+    )
+    reader.run(print_release, stop)
+    log.info(
+        "tail_stopped",
+        low_watermark=to_rfc3339(reader.assembler.released_watermark),
+        transactions=reader.assembler.stats.transactions_released,
+        duplicates_dropped=reader.assembler.stats.duplicates_dropped,
+    )
+    return 0
+
+
+def _one_line(error: BaseException) -> str:
+    text = getattr(error, "message", None) or str(error)
+    return " ".join(str(text).split())
+
+
+def main(
+    argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        args = build_parser().parse_args(argv)
+        return run_tail(args, out, err)
+    except (UsageError, query.ChangeStreamRequestError) as error:
+        print(f"error: {_one_line(error)}", file=err)
+        return EXIT_BAD_INPUT
+    except (
+        api_exceptions.NotFound,
+        api_exceptions.InvalidArgument,
+        api_exceptions.OutOfRange,
+        api_exceptions.FailedPrecondition,
+    ) as error:
+        print(f"error: spanner refused the request: {_one_line(error)}", file=err)
+        return EXIT_BAD_INPUT
+    except (
+        PartitionQueryFailed,
+        IncompleteTransactionError,
+        InconsistentTransactionError,
+        api_exceptions.GoogleAPICallError,
+    ) as error:
+        print(f"error: {_one_line(error)}", file=err)
+        return EXIT_RUNTIME_ERROR

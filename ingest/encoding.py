@@ -1,0 +1,55 @@
+"""Canonical JSON text of records and transactions (sorted keys, compact separators).
+
+Values stay exactly as Spanner sent them; canonical text makes equal values equal strings, which
+the change-log table and the tests rely on.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ingest.records import DataChangeRecord, Transaction
+from ingest.timestamps import to_rfc3339
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def record_to_dict(record: DataChangeRecord) -> dict[str, Any]:
+    return {
+        "record_sequence": record.record_sequence,
+        "table_name": record.table_name,
+        "mod_type": record.mod_type,
+        "value_capture_type": record.value_capture_type,
+        "is_last_record_in_transaction_in_partition": (
+            record.is_last_record_in_transaction_in_partition
+        ),
+        "column_types": [
+            {
+                "name": column.name,
+                "type": column.type,
+                "is_primary_key": column.is_primary_key,
+                "ordinal_position": column.ordinal_position,
+            }
+            for column in record.column_types
+        ],
+        "mods": [
+            {"keys": mod.keys, "new_values": mod.new_values, "old_values": mod.old_values}
+            for mod in record.mods
+        ],
+    }
+
+
+def transaction_to_dict(transaction: Transaction) -> dict[str, Any]:
+    first = transaction.records[0]
+    return {
+        "commit_timestamp": to_rfc3339(transaction.commit_timestamp),
+        "server_transaction_id": transaction.server_transaction_id,
+        "number_of_records_in_transaction": first.number_of_records_in_transaction,
+        "number_of_partitions_in_transaction": first.number_of_partitions_in_transaction,
+        "transaction_tag": first.transaction_tag,
+        "is_system_transaction": first.is_system_transaction,
+        "records": [record_to_dict(record) for record in transaction.records],
+    }

@@ -1,0 +1,24 @@
+"""Structured JSON logs, one event per line, built per process and passed down (no global setup)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TextIO
+
+import structlog
+
+
+def make_logger(stream: TextIO, level: str = "info") -> structlog.typing.FilteringBoundLogger:
+    return structlog.wrap_logger(
+        structlog.PrintLogger(file=stream),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(sort_keys=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        cache_logger_on_first_use=True,
+    )

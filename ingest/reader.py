@@ -1,0 +1,310 @@
+"""The change stream reader: partition queries in worker threads, one coordinator.
+
+Workers only run queries and put what they read on one queue. The coordinator alone owns the
+partition tracker and the transaction assembler, so their rules stay single-threaded and are the
+same code the property tests drive. Data flows one way: query → tracker/assembler → release.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+from tenacity import Retrying, retry_if_exception, wait_exponential_jitter
+
+from ingest.assembler import TransactionAssembler
+from ingest.partitions import INITIAL_PARTITION, PartitionTracker, watermark_after
+from ingest.records import ChangeRecord, ChildPartitionsRecord, DataChangeRecord, Transaction
+from ingest.retries import RetryPolicy, StreamEndedEarly, is_transient
+from ingest.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
+
+Logger = structlog.typing.FilteringBoundLogger
+
+
+class ChangeStreamSource(Protocol):
+    """What the reader needs of the DAO: one query of one partition."""
+
+    def read(
+        self, partition_token: str | None, start: Nanos, end: Nanos | None
+    ) -> Iterator[ChangeRecord]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderConfig:
+    start_timestamp: Nanos
+    end_timestamp: Nanos | None = None
+    heartbeat_millis: int = 1000
+    max_concurrent_partitions: int = 512
+    memory_budget_bytes: int = 256 * 1024 * 1024
+    stats_interval_seconds: float = 10.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Whole transactions with commit timestamp in (previous low watermark, low_watermark]."""
+
+    transactions: list[Transaction]
+    low_watermark: Nanos
+
+
+class PartitionQueryFailed(RuntimeError):
+    """A partition query failed permanently, or kept failing past the retry policy."""
+
+
+@dataclass(frozen=True, slots=True)
+class _QueryStarted:
+    token: str
+    start: Nanos
+
+
+@dataclass(frozen=True, slots=True)
+class _RecordRead:
+    token: str
+    record: ChangeRecord
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamEnded:
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamFailed:
+    token: str
+    error: BaseException
+
+
+_Event = _QueryStarted | _RecordRead | _StreamEnded | _StreamFailed
+
+
+class BackpressureGate:
+    """Pauses partitions that run ahead of the low watermark while the buffer is over budget.
+
+    The partition holding the low watermark never waits, so the watermark keeps advancing and
+    releases what is buffered: backpressure without deadlock.
+    """
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._over_budget = False
+        self._low_watermark: Nanos | None = None
+
+    def update(self, over_budget: bool, low_watermark: Nanos | None) -> None:
+        with self._condition:
+            self._over_budget = over_budget
+            self._low_watermark = low_watermark
+            self._condition.notify_all()
+
+    def wait_turn(self, partition_watermark: Nanos, stop: threading.Event) -> None:
+        with self._condition:
+            while (
+                self._over_budget
+                and self._low_watermark is not None
+                and partition_watermark > self._low_watermark
+                and not stop.is_set()
+            ):
+                self._condition.wait(0.1)
+
+
+@dataclass(slots=True)
+class _Progress:
+    """A worker's view of its partition, used to resume after a failure."""
+
+    watermark: Nanos
+    saw_child_partitions: bool = False
+    failures_without_progress: int = 0
+
+
+class ChangeStreamReader:
+    def __init__(
+        self,
+        source: ChangeStreamSource,
+        config: ReaderConfig,
+        log: Logger,
+        wall_clock: Callable[[], Nanos] = time.time_ns,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._source = source
+        self._config = config
+        self._log = log
+        self._wall_clock = wall_clock
+        self._sleep = sleep
+        self._events: queue.Queue[_Event] = queue.Queue()
+        self._gate = BackpressureGate()
+        self._workers_stop = threading.Event()
+        self.tracker = PartitionTracker(
+            config.start_timestamp, config.end_timestamp, config.heartbeat_millis, log
+        )
+        self.assembler = TransactionAssembler(config.start_timestamp - 1, log)
+        self._records_read = 0
+        self._slot_warning_logged = False
+
+    def run(self, on_release: Callable[[Release], None], stop: threading.Event) -> None:
+        """Read until stopped, or until every partition reached the end timestamp."""
+        if self.tracker.all_finished:
+            self.tracker.add_initial()
+        next_stats = time.monotonic() + self._config.stats_interval_seconds
+        stats_window = (time.monotonic(), 0)
+        try:
+            while not stop.is_set():
+                self._start_ready_partitions()
+                self._drain_events()
+                self._release(on_release)
+                if self.tracker.all_finished:
+                    break
+                if time.monotonic() >= next_stats:
+                    stats_window = self._log_stats(stats_window)
+                    next_stats = time.monotonic() + self._config.stats_interval_seconds
+        finally:
+            self._workers_stop.set()
+            self._gate.update(False, None)
+
+    # -- coordinator -----------------------------------------------------------------------
+
+    def _start_ready_partitions(self) -> None:
+        free = self._config.max_concurrent_partitions - self.tracker.running_count
+        for partition in self.tracker.take_ready(free):
+            threading.Thread(
+                target=self._read_partition,
+                args=(partition.token, partition.start_timestamp, partition.watermark),
+                name=f"partition-{partition.token[:12] or 'initial'}",
+                daemon=True,
+            ).start()
+        waiting = self.tracker.ready_count()
+        if waiting and not self._slot_warning_logged:
+            self._log.warning(
+                "partition_concurrency_limit_reached",
+                max_concurrent_partitions=self._config.max_concurrent_partitions,
+                partitions_waiting=waiting,
+                note="the low watermark cannot pass a partition that is not read",
+            )
+        self._slot_warning_logged = bool(waiting)
+
+    def _drain_events(self) -> None:
+        try:
+            event = self._events.get(timeout=0.05)
+        except queue.Empty:
+            return
+        for _ in range(10_000):
+            self._apply(event)
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, event: _Event) -> None:
+        if isinstance(event, _RecordRead):
+            self._records_read += 1
+            self.tracker.on_record(event.token, event.record)
+            if isinstance(event.record, DataChangeRecord):
+                self.assembler.add(event.record)
+        elif isinstance(event, _QueryStarted):
+            self.tracker.mark_running(event.token, event.start)
+        elif isinstance(event, _StreamEnded):
+            self.tracker.on_stream_end(event.token)
+        else:
+            self._log.error(
+                "partition_query_failed",
+                partition_token=event.token,
+                error=f"{type(event.error).__name__}: {event.error}",
+            )
+            raise PartitionQueryFailed(
+                f"partition {event.token or '(initial)'} failed: {event.error}"
+            ) from event.error
+
+    def _release(self, on_release: Callable[[Release], None]) -> None:
+        low_watermark = self.tracker.low_watermark()
+        if low_watermark is None and self._config.end_timestamp is not None:
+            low_watermark = self._config.end_timestamp
+        if low_watermark is not None and low_watermark > self.assembler.released_watermark:
+            transactions = self.assembler.release(low_watermark)
+            on_release(Release(transactions, low_watermark))
+        over_budget = self.assembler.buffered_bytes > self._config.memory_budget_bytes
+        self._gate.update(over_budget, low_watermark)
+
+    def _log_stats(self, window: tuple[float, int]) -> tuple[float, int]:
+        started, records_then = window
+        now = time.monotonic()
+        low_watermark = self.assembler.released_watermark
+        self._log.info(
+            "reader_stats",
+            records_per_second=round((self._records_read - records_then) / (now - started), 1),
+            low_watermark=to_rfc3339(low_watermark),
+            watermark_lag_seconds=round((self._wall_clock() - low_watermark) / NANOS_PER_SECOND, 3),
+            open_transactions=self.assembler.open_transactions,
+            buffered_bytes=self.assembler.buffered_bytes,
+            active_partitions=len(self.tracker.unfinished()),
+            duplicates_dropped=self.assembler.stats.duplicates_dropped,
+        )
+        return now, self._records_read
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def _read_partition(self, token: str, start: Nanos, watermark: Nanos) -> None:
+        progress = _Progress(watermark=watermark)
+        policy = self._config.retry
+        retrying = Retrying(
+            retry=retry_if_exception(is_transient),
+            wait=wait_exponential_jitter(
+                initial=policy.initial_backoff_seconds, max=policy.max_backoff_seconds
+            ),
+            stop=lambda _: (
+                progress.failures_without_progress >= policy.max_failures
+                or self._workers_stop.is_set()
+            ),
+            before_sleep=lambda state: self._log.warning(
+                "partition_query_retry",
+                partition_token=token,
+                attempt=state.attempt_number,
+                cause=repr(state.outcome.exception()) if state.outcome else None,
+                resume_timestamp=to_rfc3339(max(start, progress.watermark + 1)),
+            ),
+            sleep=self._sleep,
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    self._query_once(token, start, progress)
+        except BaseException as error:
+            if not self._workers_stop.is_set():
+                self._events.put(_StreamFailed(token, error))
+            return
+        if not self._workers_stop.is_set():
+            self._events.put(_StreamEnded(token))
+
+    def _query_once(self, token: str, start: Nanos, progress: _Progress) -> None:
+        query_start = max(start, progress.watermark + 1)
+        watermark_before = progress.watermark
+        self._events.put(_QueryStarted(token, query_start))
+        end = self._config.end_timestamp
+        try:
+            records = self._source.read(
+                None if token == INITIAL_PARTITION else token, query_start, end
+            )
+            for record in records:
+                if self._workers_stop.is_set():
+                    return
+                self._gate.wait_turn(progress.watermark, self._workers_stop)
+                progress.watermark = max(progress.watermark, watermark_after(record))
+                if isinstance(record, ChildPartitionsRecord):
+                    progress.saw_child_partitions = True
+                self._events.put(_RecordRead(token, record))
+            reached_end = end is not None and progress.watermark >= end
+            if not (progress.saw_child_partitions or reached_end or self._workers_stop.is_set()):
+                raise StreamEndedEarly(
+                    f"partition {token or '(initial)'} closed without a child partitions record"
+                )
+        except BaseException:
+            made_progress = progress.watermark > watermark_before
+            progress.failures_without_progress = (
+                1 if made_progress else progress.failures_without_progress + 1
+            )
+            raise
+        progress.failures_without_progress = 0
