@@ -33,15 +33,18 @@ class UnknownRecordError(ValueError):
 
 
 def plain_json(value: Any) -> Any:
-    """Unwrap the client's ``JsonObject`` (and JSON text) into plain dicts, lists and scalars."""
+    """Unwrap the client's ``JsonObject`` (or parse JSON text) into plain dicts, lists, scalars.
+
+    The client builds ``JsonObject`` with ``json.loads``, so what it wraps is plain already.
+    """
     if isinstance(value, JsonObject):
         if value._is_null:
             return None
         if value._is_array:
-            return [plain_json(item) for item in value._array_value]
+            return list(value._array_value)
         if value._is_scalar_value:
             return value._simple_value
-        return {key: plain_json(item) for key, item in value.items()}
+        return dict(value)
     if isinstance(value, str):
         return json.loads(value)
     return value

@@ -48,10 +48,6 @@ class Partition:
         """Where a new query of this partition starts without missing anything."""
         return max(self.start_timestamp, self.watermark + 1)
 
-    @property
-    def reached_end(self) -> bool:
-        return self.end_timestamp is not None and self.watermark >= self.end_timestamp
-
 
 def watermark_after(record: ChangeRecord) -> Nanos:
     """The partition watermark a record proves.
@@ -187,12 +183,18 @@ class PartitionTracker:
         return created
 
     def on_stream_end(self, token: str) -> None:
-        """The partition's query closed cleanly: FINISHED once its children are registered."""
+        """The partition's query closed cleanly: FINISHED once its children are registered.
+
+        A query bounded by an end timestamp closes without children once it delivered
+        everything up to that end; an unbounded one must have reported its children.
+        """
         partition = self._get(token)
-        if not partition.child_tokens and not partition.reached_end:
-            raise PartitionLifecycleError(
-                f"partition {token!r} ended without a child partitions record; retry it"
-            )
+        if not partition.child_tokens:
+            if partition.end_timestamp is None:
+                raise PartitionLifecycleError(
+                    f"partition {token!r} ended without a child partitions record; retry it"
+                )
+            partition.watermark = max(partition.watermark, partition.end_timestamp)
         partition.state = PartitionState.FINISHED
         self._finished.add(token)
         del self._partitions[token]

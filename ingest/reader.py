@@ -296,8 +296,8 @@ class ChangeStreamReader:
                 if isinstance(record, ChildPartitionsRecord):
                     progress.saw_child_partitions = True
                 self._events.put(_RecordRead(token, record))
-            reached_end = end is not None and progress.watermark >= end
-            if not (progress.saw_child_partitions or reached_end or self._workers_stop.is_set()):
+            bounded = end is not None
+            if not (progress.saw_child_partitions or bounded or self._workers_stop.is_set()):
                 raise StreamEndedEarly(
                     f"partition {token or '(initial)'} closed without a child partitions record"
                 )

@@ -1,0 +1,1 @@
+"""The sample banking database on the Cloud Spanner emulator: DDL, bootstrap, workload."""

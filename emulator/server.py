@@ -1,0 +1,110 @@
+"""Find and start the Cloud Spanner emulator on a free loopback port."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+_SDK_ROOTS = ("/usr/lib/google-cloud-sdk", "/usr/share/google-cloud-sdk", "/opt/google-cloud-sdk")
+_RELATIVE_BINARY = Path("bin/cloud_spanner_emulator/emulator_main")
+
+
+class EmulatorNotFound(RuntimeError):
+    pass
+
+
+def find_emulator_binary() -> Path:
+    """SPANNER_EMULATOR_BIN, then ``emulator_main`` on PATH, then the gcloud SDK."""
+    explicit = os.environ.get("SPANNER_EMULATOR_BIN")
+    if explicit:
+        if not Path(explicit).is_file():
+            raise EmulatorNotFound(f"SPANNER_EMULATOR_BIN={explicit} is not a file")
+        return Path(explicit)
+    on_path = shutil.which("emulator_main")
+    if on_path:
+        return Path(on_path)
+    roots = list(_SDK_ROOTS)
+    gcloud = shutil.which("gcloud")
+    if gcloud:
+        roots.append(str(Path(gcloud).resolve().parent.parent))
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            roots.append(
+                subprocess.run(
+                    [gcloud, "info", "--format=value(installation.sdk_root)"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                    check=True,
+                ).stdout.strip()
+            )
+    for root in roots:
+        candidate = Path(root) / _RELATIVE_BINARY
+        if root and candidate.is_file():
+            return candidate
+    raise EmulatorNotFound(
+        "Cloud Spanner emulator not found: set SPANNER_EMULATOR_BIN, put emulator_main on PATH "
+        "or install google-cloud-cli-spanner-emulator"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class RunningEmulator:
+    host_port: str
+    process: subprocess.Popen[bytes] | None
+
+
+def _wait_listening(host_port: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+    host, port = host_port.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"emulator exited with code {process.returncode}")
+        with socket.socket() as probe:
+            if probe.connect_ex((host, int(port))) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"emulator did not listen on {host_port} within {timeout} s")
+
+
+@contextlib.contextmanager
+def emulator(
+    token_alive_seconds: int | None = None,
+    churn: bool = True,
+    log_path: Path | None = None,
+) -> Iterator[RunningEmulator]:
+    """A fresh emulator for the block; nothing persists across emulator restarts."""
+    port = free_port()
+    host_port = f"127.0.0.1:{port}"
+    command = [str(find_emulator_binary()), "--host_port", host_port]
+    if token_alive_seconds is not None:
+        command.append(
+            f"--override_change_stream_partition_token_alive_seconds={token_alive_seconds}"
+        )
+    if not churn:
+        command.append("--enable_change_stream_churning=false")
+    with contextlib.ExitStack() as stack:
+        output = stack.enter_context(open(log_path, "wb")) if log_path else subprocess.DEVNULL
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            _wait_listening(host_port, process, timeout=30)
+            yield RunningEmulator(host_port, process)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
