@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from ingest.logs import null_logger
 from ingest.records import DataChangeRecord, Transaction, sequence_key
 from ingest.timestamps import Nanos, to_rfc3339
 
@@ -62,7 +63,7 @@ class TransactionAssembler:
         log: structlog.typing.FilteringBoundLogger | None = None,
     ) -> None:
         self._released_watermark = released_watermark
-        self._log = log or structlog.get_logger("ingest.assembler").bind()
+        self._log = log or null_logger()
         self._pending: dict[str, _PendingTransaction] = {}
         self._complete: list[tuple[Nanos, str, _PendingTransaction]] = []
         self._complete_ids: set[str] = set()

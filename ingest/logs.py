@@ -22,3 +22,11 @@ def make_logger(stream: TextIO, level: str = "info") -> structlog.typing.Filteri
         ),
         cache_logger_on_first_use=True,
     )
+
+
+def null_logger() -> structlog.typing.FilteringBoundLogger:
+    """Drops every event: the default for components built without a logger (tests, tools)."""
+    return structlog.wrap_logger(
+        structlog.ReturnLogger(),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
+    )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from ingest.logs import null_logger
 from ingest.records import ChangeRecord, ChildPartitionsRecord, DataChangeRecord, HeartbeatRecord
 from ingest.timestamps import Nanos, to_rfc3339
 
@@ -41,6 +42,8 @@ class Partition:
     watermark: Nanos = 0
     """Every record with commit timestamp ≤ watermark has been delivered."""
     child_tokens: set[str] = field(default_factory=set)
+    reported_by: set[str] = field(default_factory=set)
+    """Partitions whose child partitions records named this one (a retried query repeats them)."""
     attempts: int = 0
 
     @property
@@ -73,9 +76,10 @@ class PartitionTracker:
         self._start_timestamp = start_timestamp
         self._end_timestamp = end_timestamp
         self._heartbeat_millis = heartbeat_millis
-        self._log = log or structlog.get_logger("ingest.partitions").bind()
+        self._log = log or null_logger()
         self._partitions: dict[str, Partition] = {}
-        self._finished: set[str] = set()
+        self._finished: dict[str, frozenset[str]] = {}
+        """Finished tokens still needed, with the partitions that reported them."""
 
     # -- creation --------------------------------------------------------------------------
 
@@ -84,7 +88,7 @@ class PartitionTracker:
 
     def restore(self, partitions: Iterable[Partition], finished_tokens: Iterable[str]) -> None:
         """Resume from a checkpoint: unfinished partitions, and finished parents still awaited."""
-        self._finished.update(finished_tokens)
+        self._finished.update({token: frozenset() for token in finished_tokens})
         for partition in partitions:
             partition.state = PartitionState.CREATED
             self._partitions[partition.token] = partition
@@ -113,7 +117,7 @@ class PartitionTracker:
         return [
             p
             for p in self._partitions.values()
-            if p.state is PartitionState.CREATED and p.parent_tokens <= self._finished
+            if p.state is PartitionState.CREATED and p.parent_tokens <= self._finished.keys()
         ]
 
     def ready_count(self) -> int:
@@ -171,7 +175,8 @@ class PartitionTracker:
             parents = frozenset(child.parent_partition_tokens)
             known = self._partitions.get(child.token)
             if known is not None or child.token in self._finished:
-                if known is not None and not parents <= known.parent_tokens:
+                if known is not None:
+                    known.reported_by.add(parent.token)
                     known.parent_tokens = known.parent_tokens | parents
                 self._log.info(
                     "child_partition_deduplicated",
@@ -179,7 +184,9 @@ class PartitionTracker:
                     reported_by=parent.token,
                 )
                 continue
-            created.append(self._create(child.token, record.start_timestamp, parents))
+            partition = self._create(child.token, record.start_timestamp, parents)
+            partition.reported_by.add(parent.token)
+            created.append(partition)
         return created
 
     def on_stream_end(self, token: str) -> None:
@@ -196,7 +203,7 @@ class PartitionTracker:
                 )
             partition.watermark = max(partition.watermark, partition.end_timestamp)
         partition.state = PartitionState.FINISHED
-        self._finished.add(token)
+        self._finished[token] = frozenset(partition.reported_by)
         del self._partitions[token]
         self._log.info(
             "partition_finished",
@@ -207,8 +214,14 @@ class PartitionTracker:
         self._forget_unreferenced_finished()
 
     def _forget_unreferenced_finished(self) -> None:
+        """Forget a finished token once no partition awaits it and none can report it again."""
+        live = self._partitions.keys()
         awaited = set().union(*(p.parent_tokens for p in self._partitions.values()))
-        self._finished &= awaited | {INITIAL_PARTITION}
+        self._finished = {
+            token: reporters
+            for token, reporters in self._finished.items()
+            if token in awaited or reporters & live
+        }
 
     # -- watermarks ------------------------------------------------------------------------
 

@@ -1,0 +1,174 @@
+"""A simulated change stream: random partition topology and transactions, served per partition.
+
+It follows the Spanner contract the reader relies on: a partition holds the records with
+start ≤ commit_timestamp < end; within a partition records come in commit timestamp order;
+heartbeats promise that nothing at or below them is still to come; a partition ends with a child
+partitions record at its end, reported by every parent of a merged child.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ingest.partitions import INITIAL_PARTITION
+from ingest.records import (
+    ChangeRecord,
+    ChildPartition,
+    ChildPartitionsRecord,
+    ColumnType,
+    DataChangeRecord,
+    HeartbeatRecord,
+    Mod,
+    Transaction,
+)
+from ingest.timestamps import Nanos
+
+T0: Nanos = 1_000_000
+
+
+@dataclass
+class SimPartition:
+    token: str
+    start: Nanos
+    end: Nanos | None = None
+    children: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+
+
+@dataclass
+class Topology:
+    start: Nanos
+    end: Nanos
+    partitions: dict[str, SimPartition]
+    initial_tokens: list[str]
+    transactions: list[Transaction]
+    heartbeats: dict[str, list[Nanos]]
+    owner_of: dict[tuple[str, str], str]
+    """(server_transaction_id, record_sequence) → the partition that returns the record."""
+
+    def records_by_partition(self) -> dict[str, list[ChangeRecord]]:
+        data: dict[str, list[DataChangeRecord]] = defaultdict(list)
+        for transaction in self.transactions:
+            for record in transaction.records:
+                owner = self.owner_of[(record.server_transaction_id, record.record_sequence)]
+                data[owner].append(record)
+        streams: dict[str, list[ChangeRecord]] = {}
+        for token, partition in self.partitions.items():
+            timed: list[tuple[Nanos, int, ChangeRecord]] = [
+                (r.commit_timestamp, 0, r) for r in data[token]
+            ]
+            timed += [(ts, 1, HeartbeatRecord(ts)) for ts in self.heartbeats[token]]
+            timed.sort(key=lambda item: (item[0], item[1]))
+            stream: list[ChangeRecord] = [item[2] for item in timed]
+            if partition.end is not None:
+                stream.append(
+                    ChildPartitionsRecord(
+                        partition.end,
+                        "00000000",
+                        tuple(ChildPartition(t, parents) for t, parents in partition.children),
+                    )
+                )
+            streams[token] = stream
+        streams[INITIAL_PARTITION] = [
+            ChildPartitionsRecord(self.start, f"{i:08d}", (ChildPartition(token, ()),))
+            for i, token in enumerate(self.initial_tokens)
+        ]
+        return streams
+
+    def expected(self) -> list[Transaction]:
+        return sorted(self.transactions, key=lambda t: t.order_key)
+
+
+def alive(partition: SimPartition, ts: Nanos) -> bool:
+    return partition.start <= ts and (partition.end is None or ts < partition.end)
+
+
+def build_topology(
+    rng: random.Random, events: int, transactions: int, horizon: int = 400
+) -> Topology:
+    """Random splits, moves and merges, then transactions spread over the live partitions."""
+    counter = iter(range(1_000_000))
+    partitions: dict[str, SimPartition] = {}
+
+    def new(start: Nanos) -> SimPartition:
+        partition = SimPartition(f"p{next(counter)}", start)
+        partitions[partition.token] = partition
+        return partition
+
+    initial = [new(T0) for _ in range(rng.randint(1, 3))]
+    live = list(initial)
+    end = T0 + horizon
+    times = sorted(rng.sample(range(T0 + 1, end), events))
+    for ts in times:
+        action = rng.choice(["split", "move", "merge"] if len(live) > 1 else ["split", "move"])
+        if action == "merge":
+            parents = rng.sample(live, 2)
+            child = new(ts)
+            for parent in parents:
+                parent.end = ts
+                parent.children.append((child.token, tuple(p.token for p in parents)))
+                live.remove(parent)
+            live.append(child)
+        else:
+            parent = rng.choice(live)
+            parent.end = ts
+            live.remove(parent)
+            for _ in range(2 if action == "split" else 1):
+                child = new(ts)
+                parent.children.append((child.token, (parent.token,)))
+                live.append(child)
+
+    committed: list[Transaction] = []
+    owner_of: dict[tuple[str, str], str] = {}
+    for number in range(transactions):
+        ts = rng.randint(T0, end)
+        candidates = [p for p in partitions.values() if alive(p, ts)]
+        record_count = rng.randint(1, 4)
+        owners = [rng.choice(candidates) for _ in range(record_count)]
+        txid = f"tx{number:05d}"
+        records = tuple(
+            DataChangeRecord(
+                commit_timestamp=ts,
+                record_sequence=f"{sequence:08d}",
+                server_transaction_id=txid,
+                is_last_record_in_transaction_in_partition=False,
+                table_name="t",
+                column_types=(ColumnType("k", {"code": "INT64"}, True, 1),),
+                mods=(Mod({"k": str(number * 10 + sequence)}, {"v": sequence}, {}),),
+                mod_type="INSERT",
+                value_capture_type="NEW_ROW_AND_OLD_VALUES",
+                number_of_records_in_transaction=record_count,
+                number_of_partitions_in_transaction=len({o.token for o in owners}),
+                transaction_tag="",
+                is_system_transaction=False,
+            )
+            for sequence in range(record_count)
+        )
+        for sequence, owner in enumerate(owners):
+            owner_of[(txid, f"{sequence:08d}")] = owner.token
+        committed.append(Transaction(ts, txid, records))
+
+    heartbeats: dict[str, list[Nanos]] = {}
+    for partition in partitions.values():
+        last = partition.end - 1 if partition.end is not None else end
+        count = rng.randint(0, 3)
+        heartbeats[partition.token] = sorted(
+            rng.randint(partition.start, last) for _ in range(count) if last >= partition.start
+        )
+    return Topology(
+        T0, end, partitions, [p.token for p in initial], committed, heartbeats, owner_of
+    )
+
+
+def records_from(stream: list[ChangeRecord], start: Nanos) -> list[ChangeRecord]:
+    """What a query of the partition from ``start`` returns (Spanner filters on timestamps)."""
+
+    def at(record: ChangeRecord) -> Nanos:
+        if isinstance(record, DataChangeRecord):
+            return record.commit_timestamp
+        if isinstance(record, HeartbeatRecord):
+            return record.timestamp
+        return record.start_timestamp
+
+    return [record for record in stream if at(record) >= start]

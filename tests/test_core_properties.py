@@ -1,0 +1,114 @@
+"""Partitions + assembler over simulated topologies: output equals the serial commit order.
+
+Hypothesis picks the topology (splits, moves, merges, multi-partition transactions, heartbeats),
+the interleaving of partitions, and where queries fail and restart from their resume timestamp.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ingest.assembler import TransactionAssembler
+from ingest.partitions import INITIAL_PARTITION, PartitionTracker
+from ingest.records import ChangeRecord, DataChangeRecord, Transaction
+from tests.simulation import Topology, build_topology, records_from
+
+
+def drive(topology: Topology, data: st.DataObject, with_failures: bool) -> dict:
+    streams = topology.records_by_partition()
+    tracker = PartitionTracker(topology.start, topology.end, 1000)
+    assembler = TransactionAssembler(topology.start - 1)
+    tracker.add_initial()
+    remaining: dict[str, list[ChangeRecord]] = {}
+    finished: set[str] = set()
+    first_queries: Counter[str] = Counter()
+    released: list[Transaction] = []
+    watermarks: list[int] = []
+    raw_watermarks: list[int] = []
+
+    def query(token: str) -> None:
+        partition = next(p for p in tracker.unfinished() if p.token == token)
+        tracker.mark_running(token, partition.resume_timestamp)
+        remaining[token] = records_from(streams[token], partition.resume_timestamp)
+
+    while True:
+        for partition in tracker.take_ready(10**6):
+            assert partition.parent_tokens <= finished, "child started before its parents ended"
+            first_queries[partition.token] += 1
+            query(partition.token)
+        if not remaining:
+            break
+        token = data.draw(st.sampled_from(sorted(remaining)))
+        choices = ["next"] * 4 + (["restart"] if with_failures else [])
+        action = data.draw(st.sampled_from(choices))
+        if action == "restart":
+            query(token)
+        elif remaining[token]:
+            record = remaining[token].pop(0)
+            tracker.on_record(token, record)
+            if isinstance(record, DataChangeRecord):
+                assembler.add(record)
+        else:
+            del remaining[token]
+            tracker.on_stream_end(token)
+            finished.add(token)
+        raw = tracker.low_watermark()
+        if raw is not None:
+            raw_watermarks.append(raw)
+        low_watermark = topology.end if raw is None else raw
+        watermarks.append(low_watermark)
+        released.extend(assembler.release(low_watermark))
+    return {
+        "released": released,
+        "watermarks": watermarks,
+        "raw_watermarks": raw_watermarks,
+        "first_queries": first_queries,
+        "assembler": assembler,
+        "tracker": tracker,
+    }
+
+
+topologies = st.builds(
+    lambda seed, events, transactions: build_topology(random.Random(seed), events, transactions),
+    st.integers(0, 2**32),
+    st.integers(0, 25),
+    st.integers(0, 60),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topology=topologies, data=st.data(), with_failures=st.booleans())
+def test_output_is_the_serial_commit_order(
+    topology: Topology, data: st.DataObject, with_failures: bool
+) -> None:
+    result = drive(topology, data, with_failures)
+    assert result["released"] == topology.expected()
+    assert result["assembler"].buffered_bytes == 0
+    assert result["assembler"].open_transactions == 0
+    assert result["tracker"].all_finished
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topology=topologies, data=st.data(), with_failures=st.booleans())
+def test_watermark_never_goes_backwards(
+    topology: Topology, data: st.DataObject, with_failures: bool
+) -> None:
+    result = drive(topology, data, with_failures)
+    for series in (result["raw_watermarks"], result["watermarks"]):
+        assert all(a <= b for a, b in itertools.pairwise(series))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topology=topologies, data=st.data())
+def test_each_partition_is_queried_once_and_merges_wait_for_all_parents(
+    topology: Topology, data: st.DataObject
+) -> None:
+    result = drive(topology, data, with_failures=True)
+    expected_tokens = {*topology.partitions, INITIAL_PARTITION}
+    assert set(result["first_queries"]) == expected_tokens
+    assert set(result["first_queries"].values()) == {1}
