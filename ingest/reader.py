@@ -24,6 +24,8 @@ from ingest.retries import RetryPolicy, StreamEndedEarly, is_transient
 from ingest.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 
 Logger = structlog.typing.FilteringBoundLogger
+EVENT_QUEUE_SIZE = 512
+"""Records in flight between workers and the coordinator; memory ≈ budget + this many records."""
 
 
 class ChangeStreamSource(Protocol):
@@ -135,7 +137,7 @@ class ChangeStreamReader:
         self._log = log
         self._wall_clock = wall_clock
         self._sleep = sleep
-        self._events: queue.Queue[_Event] = queue.Queue()
+        self._events: queue.Queue[_Event] = queue.Queue(maxsize=EVENT_QUEUE_SIZE)
         self._gate = BackpressureGate()
         self._workers_stop = threading.Event()
         self.tracker = PartitionTracker(
@@ -204,6 +206,8 @@ class ChangeStreamReader:
             self.tracker.on_record(event.token, event.record)
             if isinstance(event.record, DataChangeRecord):
                 self.assembler.add(event.record)
+                if self.assembler.buffered_bytes > self._config.memory_budget_bytes:
+                    self._gate.update(True, self.assembler.released_watermark)
         elif isinstance(event, _QueryStarted):
             self.tracker.mark_running(event.token, event.start)
         elif isinstance(event, _StreamEnded):
@@ -252,7 +256,7 @@ class ChangeStreamReader:
         retrying = Retrying(
             retry=retry_if_exception(is_transient),
             wait=wait_exponential_jitter(
-                initial=policy.initial_backoff_seconds, max=policy.max_backoff_seconds
+                multiplier=policy.initial_backoff_seconds, max=policy.max_backoff_seconds
             ),
             stop=lambda _: (
                 progress.failures_without_progress >= policy.max_failures

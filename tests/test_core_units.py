@@ -1,0 +1,217 @@
+"""Edge cases of the pure core: timestamps, mapper, assembler, tracker, values."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import pytest
+from google.api_core.datetime_helpers import DatetimeWithNanoseconds
+from google.cloud.spanner_v1.data_types import JsonObject
+
+from ingest import timestamps
+from ingest.assembler import (
+    IncompleteTransactionError,
+    InconsistentTransactionError,
+    TransactionAssembler,
+)
+from ingest.mapper import UnknownRecordError, plain_json, records_from_change_record
+from ingest.partitions import PartitionLifecycleError, PartitionTracker
+from ingest.records import (
+    ChildPartition,
+    ChildPartitionsRecord,
+    ColumnType,
+    DataChangeRecord,
+    HeartbeatRecord,
+    Mod,
+)
+from ingest.values import decode_value
+
+
+def record(ts: int, txid: str, seq: int, count: int, **overrides: object) -> DataChangeRecord:
+    fields = dict(
+        commit_timestamp=ts,
+        record_sequence=f"{seq:08d}",
+        server_transaction_id=txid,
+        is_last_record_in_transaction_in_partition=False,
+        table_name="t",
+        column_types=(ColumnType("k", {"code": "INT64"}, True, 1),),
+        mods=(Mod({"k": str(seq)}, {"v": "x" * 100}, {}),),
+        mod_type="INSERT",
+        value_capture_type="NEW_ROW_AND_OLD_VALUES",
+        number_of_records_in_transaction=count,
+        number_of_partitions_in_transaction=1,
+        transaction_tag="",
+        is_system_transaction=False,
+    )
+    fields.update(overrides)
+    return DataChangeRecord(**fields)  # type: ignore[arg-type]
+
+
+class TestTimestamps:
+    def test_rfc3339_keeps_nanoseconds_and_offsets(self) -> None:
+        ns = timestamps.parse_rfc3339("2024-02-29T23:59:59.123456789Z")
+        assert timestamps.to_rfc3339(ns) == "2024-02-29T23:59:59.123456789Z"
+        assert timestamps.parse_rfc3339("2024-03-01T01:59:59.123456789+02:00") == ns
+        assert timestamps.parse_rfc3339("2026-11-22T06:20:17.69167+00:00") % 10**9 == 691670000
+
+    def test_datetime_with_nanoseconds_round_trips(self) -> None:
+        value = DatetimeWithNanoseconds(2024, 1, 1, 0, 0, 0, nanosecond=7, tzinfo=dt.UTC)
+        ns = timestamps.from_datetime(value)
+        assert ns % 10**9 == 7
+        assert timestamps.from_datetime(timestamps.to_datetime(ns)) == ns
+        assert timestamps.to_datetime(ns).rfc3339() == "2024-01-01T00:00:00.000000007Z"
+
+    def test_before_epoch(self) -> None:
+        ns = timestamps.parse_rfc3339("1900-01-01T00:00:00.5Z")
+        assert timestamps.to_rfc3339(ns) == "1900-01-01T00:00:00.500000000Z"
+
+    @pytest.mark.parametrize("text", ["2024-01-01", "yesterday", "2024-01-01T00:00:00"])
+    def test_rejects_incomplete_text(self, text: str) -> None:
+        with pytest.raises(ValueError, match="RFC 3339"):
+            timestamps.parse_rfc3339(text)
+
+
+class TestMapper:
+    def test_postgresql_document(self) -> None:
+        [heartbeat] = records_from_change_record(
+            {"heartbeat_record": {"timestamp": "2026-11-22T06:20:17.69167+00:00"}}
+        )
+        assert isinstance(heartbeat, HeartbeatRecord)
+
+    def test_googlesql_named_struct(self) -> None:
+        ts = DatetimeWithNanoseconds(2026, 1, 1, nanosecond=5, tzinfo=dt.UTC)
+        [child] = records_from_change_record(
+            {
+                "data_change_record": [],
+                "heartbeat_record": [],
+                "child_partitions_record": [
+                    {
+                        "start_timestamp": ts,
+                        "record_sequence": "00000001",
+                        "child_partitions": [{"token": "a", "parent_partition_tokens": ["p"]}],
+                    }
+                ],
+            }
+        )
+        assert child == ChildPartitionsRecord(
+            timestamps.from_datetime(ts), "00000001", (ChildPartition("a", ("p",)),)
+        )
+
+    def test_json_object_unwrapping(self) -> None:
+        assert plain_json(JsonObject({"a": {"b": "1"}})) == {"a": {"b": "1"}}
+        assert plain_json(JsonObject([1, "x"])) == [1, "x"]
+        assert plain_json(JsonObject(None)) is None
+        assert plain_json('{"k":"9007199254740993"}') == {"k": "9007199254740993"}
+
+    @pytest.mark.parametrize(
+        "document",
+        [
+            {"unknown_record": {}},
+            {"data_change_record": [], "heartbeat_record": [], "child_partitions_record": []},
+            {"heartbeat_record": {"time": "x"}},
+            {"data_change_record": {"commit_timestamp": "2024-01-01T00:00:00Z"}},
+        ],
+    )
+    def test_unknown_shapes_are_clear_errors(self, document: dict) -> None:
+        with pytest.raises(UnknownRecordError):
+            records_from_change_record(document)
+
+
+class TestAssembler:
+    def test_waits_for_all_records_and_the_watermark(self) -> None:
+        assembler = TransactionAssembler(released_watermark=0)
+        assembler.add(record(10, "a", 1, 2))
+        assert assembler.release(9) == []
+        assembler.add(record(10, "a", 0, 2))
+        assert assembler.buffered_bytes > 0
+        [transaction] = assembler.release(10)
+        assert [r.record_sequence for r in transaction.records] == ["00000000", "00000001"]
+        assert assembler.buffered_bytes == 0
+
+    def test_orders_by_commit_timestamp_then_transaction_id(self) -> None:
+        assembler = TransactionAssembler(released_watermark=0)
+        for ts, txid in [(5, "b"), (5, "a"), (3, "z")]:
+            assembler.add(record(ts, txid, 0, 1))
+        assert [t.order_key for t in assembler.release(5)] == [(3, "z"), (5, "a"), (5, "b")]
+
+    def test_duplicates_are_dropped(self) -> None:
+        assembler = TransactionAssembler(released_watermark=0)
+        assembler.add(record(5, "a", 0, 2))
+        assembler.add(record(5, "a", 0, 2))
+        assembler.add(record(5, "a", 1, 2))
+        assembler.add(record(5, "a", 1, 2))
+        assert len(assembler.release(5)[0].records) == 2
+        assembler.add(record(5, "a", 0, 2))
+        assert assembler.stats.duplicates_dropped == 3
+        assert assembler.open_transactions == 0
+
+    def test_incomplete_transaction_behind_the_watermark_stops(self) -> None:
+        assembler = TransactionAssembler(released_watermark=0)
+        assembler.add(record(5, "a", 0, 3))
+        with pytest.raises(IncompleteTransactionError, match="has 1 of 3 records"):
+            assembler.release(5)
+
+    def test_inconsistent_records_are_refused(self) -> None:
+        assembler = TransactionAssembler(released_watermark=0)
+        assembler.add(record(5, "a", 0, 2))
+        with pytest.raises(InconsistentTransactionError):
+            assembler.add(record(6, "a", 1, 2))
+        with pytest.raises(InconsistentTransactionError):
+            assembler.add(record(5, "a", 1, 3))
+
+
+class TestTracker:
+    def test_merge_child_waits_for_every_parent_and_is_created_once(self) -> None:
+        tracker = PartitionTracker(start_timestamp=100, end_timestamp=None, heartbeat_millis=1000)
+        tracker.add_initial()
+        [initial] = tracker.take_ready(10)
+        tracker.mark_running(initial.token, 100)
+        tracker.on_record(
+            "", ChildPartitionsRecord(100, "0", (ChildPartition("a", ()), ChildPartition("b", ())))
+        )
+        tracker.on_stream_end("")
+        for partition in tracker.take_ready(10):
+            tracker.mark_running(partition.token, 100)
+        merged = ChildPartitionsRecord(200, "0", (ChildPartition("c", ("a", "b")),))
+        assert [p.token for p in tracker.on_record("a", merged)] == ["c"]
+        tracker.on_stream_end("a")
+        assert tracker.take_ready(10) == []
+        assert tracker.low_watermark() == 100 - 1
+        assert tracker.on_record("b", merged) == []
+        assert tracker.low_watermark() == 199
+        tracker.on_stream_end("b")
+        assert [p.token for p in tracker.take_ready(10)] == ["c"]
+
+    def test_unstarted_children_hold_the_low_watermark(self) -> None:
+        tracker = PartitionTracker(start_timestamp=100, end_timestamp=None, heartbeat_millis=1000)
+        tracker.add_initial()
+        tracker.take_ready(1)
+        tracker.mark_running("", 100)
+        tracker.on_record("", ChildPartitionsRecord(100, "0", (ChildPartition("a", ()),)))
+        tracker.on_stream_end("")
+        assert tracker.low_watermark() == 99
+
+    def test_unbounded_stream_without_children_cannot_finish(self) -> None:
+        tracker = PartitionTracker(start_timestamp=100, end_timestamp=None, heartbeat_millis=1000)
+        tracker.add_initial()
+        tracker.take_ready(1)
+        tracker.mark_running("", 100)
+        tracker.on_record("", HeartbeatRecord(150))
+        with pytest.raises(PartitionLifecycleError, match="without a child partitions record"):
+            tracker.on_stream_end("")
+
+
+class TestValues:
+    def test_every_type(self) -> None:
+        assert decode_value({"code": "INT64"}, "9007199254740993") == 9007199254740993
+        assert decode_value({"code": "NUMERIC"}, "0.000000001") == Decimal("0.000000001")
+        assert decode_value({"code": "BYTES"}, "AP8=") == b"\x00\xff"
+        assert decode_value({"code": "DATE"}, "2024-01-02") == dt.date(2024, 1, 2)
+        assert decode_value({"code": "TIMESTAMP"}, "1970-01-01T00:00:01.000000001Z") == 10**9 + 1
+        assert decode_value({"code": "JSON"}, '{"a":[1]}') == {"a": [1]}
+        assert decode_value({"code": "FLOAT64"}, "NaN") != decode_value({"code": "FLOAT64"}, 1.0)
+        array = {"code": "ARRAY", "array_element_type": {"code": "INT64"}}
+        assert decode_value(array, ["1", "NULL", None]) == [1, None, None]
+        strings = {"code": "ARRAY", "array_element_type": {"code": "STRING"}}
+        assert decode_value(strings, ["NULL"]) == ["NULL"]

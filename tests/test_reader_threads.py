@@ -1,0 +1,199 @@
+"""The threaded reader end to end on simulated streams: retries, backpressure, stop, events."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from google.api_core import exceptions as api_exceptions
+
+from ingest.logs import make_logger
+from ingest.partitions import INITIAL_PARTITION
+from ingest.reader import (
+    EVENT_QUEUE_SIZE,
+    ChangeStreamReader,
+    PartitionQueryFailed,
+    ReaderConfig,
+    Release,
+)
+from ingest.records import ChangeRecord, HeartbeatRecord, Transaction
+from ingest.retries import RetryPolicy
+from ingest.timestamps import Nanos
+from tests.simulation import Topology, build_topology, records_from
+
+FAST_RETRY = RetryPolicy(initial_backoff_seconds=0.001, max_backoff_seconds=0.01, max_failures=50)
+
+
+class FlakySource:
+    """Serves a topology's partitions with random delays and UNAVAILABLE cuts mid-stream."""
+
+    def __init__(self, topology: Topology, seed: int, failure_rate: float) -> None:
+        self._streams = topology.records_by_partition()
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._failure_rate = failure_rate
+        self.failures = 0
+
+    def read(self, token: str | None, start: Nanos, end: Nanos | None) -> Iterator[ChangeRecord]:
+        for record in records_from(self._streams[token or INITIAL_PARTITION], start):
+            with self._lock:
+                fail = self._rng.random() < self._failure_rate
+                delay = self._rng.random() * 0.002
+            if fail:
+                self.failures += 1
+                raise api_exceptions.ServiceUnavailable("connection reset (injected)")
+            time.sleep(delay)
+            yield record
+
+
+def run_reader(
+    source: object, topology_start: Nanos, end: Nanos, **config: object
+) -> tuple[list[Transaction], list[dict], list[Nanos]]:
+    logs = io.StringIO()
+    reader = ChangeStreamReader(
+        source,  # type: ignore[arg-type]
+        ReaderConfig(start_timestamp=topology_start, end_timestamp=end, retry=FAST_RETRY, **config),  # type: ignore[arg-type]
+        make_logger(logs),
+        sleep=lambda _: None,
+    )
+    released: list[Transaction] = []
+    watermarks: list[Nanos] = []
+
+    def collect(release: Release) -> None:
+        released.extend(release.transactions)
+        watermarks.append(release.low_watermark)
+
+    worker = threading.Thread(target=reader.run, args=(collect, threading.Event()))
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "reader did not finish"
+    events = [json.loads(line) for line in logs.getvalue().splitlines()]
+    return released, events, watermarks
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_flaky_streams_deliver_every_transaction_once_in_order(seed: int) -> None:
+    topology = build_topology(random.Random(seed), events=12, transactions=80)
+    source = FlakySource(topology, seed, failure_rate=0.05)
+    released, events, watermarks = run_reader(source, topology.start, topology.end)
+    assert released == topology.expected()
+    assert watermarks == sorted(watermarks)
+    assert source.failures > 0
+    retries = [e for e in events if e["event"] == "partition_query_retry"]
+    assert len(retries) == source.failures
+    assert all("ServiceUnavailable" in e["cause"] for e in retries)
+    first_runs = [
+        e["partition_token"]
+        for e in events
+        if e["event"] == "partition_running" and e["attempt"] == 1
+    ]
+    assert sorted(first_runs) == sorted({*topology.partitions, INITIAL_PARTITION})
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tiny_memory_budget_still_completes(seed: int) -> None:
+    topology = build_topology(random.Random(seed), events=8, transactions=60)
+    source = FlakySource(topology, seed, failure_rate=0.0)
+    released, _, _ = run_reader(source, topology.start, topology.end, memory_budget_bytes=1)
+    assert released == topology.expected()
+
+
+class SkewedSource:
+    """Partition 'fast' streams far ahead; partition 'slow' holds the low watermark back."""
+
+    def __init__(self, records: int) -> None:
+        self.records = records
+        self.max_buffered = 0
+        self.reader: ChangeStreamReader | None = None
+
+    def read(self, token: str | None, start: Nanos, end: Nanos | None) -> Iterator[ChangeRecord]:
+        from ingest.records import ChildPartition, ChildPartitionsRecord
+        from tests.test_core_units import record
+
+        if token is None:
+            yield ChildPartitionsRecord(
+                1000, "0", (ChildPartition("fast", ()), ChildPartition("slow", ()))
+            )
+            return
+        for i in range(self.records):
+            ts = 1000 + i * 10
+            if ts < start:
+                continue
+            if token == "fast":
+                yield record(ts, f"tx{i}", 0, 1)
+            else:
+                time.sleep(0.002)
+                yield HeartbeatRecord(ts)
+            assert self.reader is not None
+            self.max_buffered = max(self.max_buffered, self.reader.assembler.buffered_bytes)
+
+
+@pytest.mark.parametrize("budget", [None, 20_000])
+def test_backpressure_bounds_the_buffer(budget: int | None) -> None:
+    source = SkewedSource(records=2000)
+    end = 1000 + 2000 * 10
+    config = ReaderConfig(
+        start_timestamp=1000,
+        end_timestamp=end,
+        retry=FAST_RETRY,
+        memory_budget_bytes=budget or 1 << 40,
+    )
+    reader = ChangeStreamReader(source, config, make_logger(io.StringIO()))
+    source.reader = reader
+    released: list[Transaction] = []
+    reader.run(lambda r: released.extend(r.transactions), threading.Event())
+    assert len(released) == 2000
+    one_record = 700
+    if budget is None:
+        assert source.max_buffered > 1000 * one_record
+    else:
+        in_flight = EVENT_QUEUE_SIZE + 4  # the queue, plus a record held by each worker
+        assert source.max_buffered < budget + in_flight * one_record
+
+
+def test_permanent_error_stops_the_reader_with_the_cause() -> None:
+    class Broken:
+        def read(self, *_: object) -> Iterator[ChangeRecord]:
+            raise api_exceptions.PermissionDenied("no access to the change stream")
+            yield  # pragma: no cover
+
+    reader = ChangeStreamReader(
+        Broken(), ReaderConfig(start_timestamp=1, end_timestamp=10), make_logger(io.StringIO())
+    )
+    with pytest.raises(PartitionQueryFailed, match="no access to the change stream"):
+        reader.run(lambda _: None, threading.Event())
+
+
+def test_stop_event_ends_an_unbounded_read() -> None:
+    class Endless:
+        def read(
+            self, token: str | None, start: Nanos, end: Nanos | None
+        ) -> Iterator[ChangeRecord]:
+            from ingest.records import ChildPartition, ChildPartitionsRecord
+
+            if token is None:
+                yield ChildPartitionsRecord(start, "0", (ChildPartition("p", ()),))
+                return
+            ts = start
+            while True:
+                time.sleep(0.01)
+                ts += 10
+                yield HeartbeatRecord(ts)
+
+    stop = threading.Event()
+    reader = ChangeStreamReader(
+        Endless(), ReaderConfig(start_timestamp=1000), make_logger(io.StringIO())
+    )
+    releases: list[Release] = []
+    worker = threading.Thread(target=reader.run, args=(releases.append, stop))
+    worker.start()
+    time.sleep(0.3)
+    stop.set()
+    worker.join(timeout=5)
+    assert not worker.is_alive()
+    assert releases and releases[-1].low_watermark > 1000
