@@ -1,6 +1,6 @@
 """Decode mod values (JSON as Spanner sends them) into exact Python values, by column type.
 
-INT64 → int, FLOAT64/FLOAT32 → float, NUMERIC → Decimal, BYTES → bytes, DATE → date,
+INT64 → int, FLOAT64 → float, FLOAT32 → float (rounded to float32), NUMERIC → Decimal, BYTES → bytes, DATE → date,
 TIMESTAMP → integer nanoseconds, JSON → parsed JSON, ARRAY → list; unknown types pass through.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import struct
 from decimal import Decimal
 from typing import Any
 
@@ -26,8 +27,10 @@ def decode_value(spanner_type: dict[str, Any], value: Any) -> Any:
         return [_decode_element(element_type, item) for item in value]
     if code in ("INT64", "ENUM"):
         return int(value)
-    if code in ("FLOAT64", "FLOAT32"):
+    if code == "FLOAT64":
         return float(value)
+    if code == "FLOAT32":
+        return _float32(float(value))
     if code == "BOOL":
         return bool(value)
     if code == "BYTES":
@@ -41,6 +44,11 @@ def decode_value(spanner_type: dict[str, Any], value: Any) -> Any:
     if code == "JSON":
         return json.loads(value) if isinstance(value, str) else value
     return value
+
+
+def _float32(value: float) -> float:
+    """FLOAT32 arrives as its shortest decimal text; the value is the nearest float32."""
+    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 def _decode_element(element_type: dict[str, Any], item: Any) -> Any:
