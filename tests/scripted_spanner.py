@@ -1,0 +1,221 @@
+"""A scripted Spanner gRPC server for what the emulator cannot do.
+
+It serves change stream queries from a simulated topology (multi-partition transactions, full
+nanosecond values) and cuts streams with gRPC errors mid-way. It subclasses the client package's
+mock servicer and answers every ExecuteStreamingSql by the partition token and start timestamp
+bound in the request, like Spanner does. Rows carry resume tokens, without which the client holds
+rows back; ``honor_resume_tokens=False`` restarts from the beginning on resume, like the emulator.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.cloud.spanner_v1 import PartialResultSet, ResultSetMetadata, StructType, Type, TypeCode
+from google.cloud.spanner_v1.testing import spanner_pb2_grpc
+from google.cloud.spanner_v1.testing.mock_spanner import SpannerServicer
+from google.protobuf import json_format, struct_pb2
+
+from ingest.encoding import canonical_json
+from ingest.partitions import INITIAL_PARTITION
+from ingest.records import ChangeRecord, ChildPartitionsRecord, DataChangeRecord, HeartbeatRecord
+from ingest.timestamps import Nanos, parse_rfc3339, to_rfc3339
+from tests.simulation import records_from
+
+
+def _type(code: TypeCode) -> Type:
+    return Type(code=code)
+
+
+def _array(element: Type) -> Type:
+    return Type(code=TypeCode.ARRAY, array_element_type=element)
+
+
+def _struct(*fields: tuple[str, Type]) -> Type:
+    return Type(
+        code=TypeCode.STRUCT,
+        struct_type=StructType(fields=[StructType.Field(name=n, type_=t) for n, t in fields]),
+    )
+
+
+STRING, BOOL, INT64 = _type(TypeCode.STRING), _type(TypeCode.BOOL), _type(TypeCode.INT64)
+TIMESTAMP, JSON = _type(TypeCode.TIMESTAMP), _type(TypeCode.JSON)
+
+# Field order deliberately differs from the documentation's: the reader must map by name.
+DATA_CHANGE_FIELDS = (
+    ("mod_type", STRING),
+    ("commit_timestamp", TIMESTAMP),
+    ("server_transaction_id", STRING),
+    ("record_sequence", STRING),
+    ("is_last_record_in_transaction_in_partition", BOOL),
+    ("table_name", STRING),
+    (
+        "column_types",
+        _array(
+            _struct(
+                ("name", STRING),
+                ("type", JSON),
+                ("is_primary_key", BOOL),
+                ("ordinal_position", INT64),
+            )
+        ),
+    ),
+    ("mods", _array(_struct(("keys", JSON), ("new_values", JSON), ("old_values", JSON)))),
+    ("value_capture_type", STRING),
+    ("number_of_records_in_transaction", INT64),
+    ("number_of_partitions_in_transaction", INT64),
+    ("transaction_tag", STRING),
+    ("is_system_transaction", BOOL),
+)
+CHANGE_RECORD = _array(
+    _struct(
+        ("heartbeat_record", _array(_struct(("timestamp", TIMESTAMP)))),
+        (
+            "child_partitions_record",
+            _array(
+                _struct(
+                    ("start_timestamp", TIMESTAMP),
+                    ("record_sequence", STRING),
+                    (
+                        "child_partitions",
+                        _array(
+                            _struct(("token", STRING), ("parent_partition_tokens", _array(STRING)))
+                        ),
+                    ),
+                )
+            ),
+        ),
+        ("data_change_record", _array(_struct(*DATA_CHANGE_FIELDS))),
+    )
+)
+
+
+def _native(python: Any) -> Any:
+    """Row values as proto-plus expects them: native lists and scalars, INT64 as text."""
+    if isinstance(python, bool) or python is None or isinstance(python, str):
+        return python
+    if isinstance(python, int):
+        return str(python)
+    return [_native(item) for item in python]
+
+
+def _json(value: Any) -> str:
+    return canonical_json(value)
+
+
+def encode(record: ChangeRecord) -> list[Any]:
+    """One ChangeRecord column value: an array of one struct with one record field set."""
+    heartbeat: list = []
+    children: list = []
+    data: list = []
+    if isinstance(record, HeartbeatRecord):
+        heartbeat = [[to_rfc3339(record.timestamp)]]
+    elif isinstance(record, ChildPartitionsRecord):
+        children = [
+            [
+                to_rfc3339(record.start_timestamp),
+                record.record_sequence,
+                [[c.token, list(c.parent_partition_tokens)] for c in record.child_partitions],
+            ]
+        ]
+    else:
+        data = [
+            [
+                record.mod_type,
+                to_rfc3339(record.commit_timestamp),
+                record.server_transaction_id,
+                record.record_sequence,
+                record.is_last_record_in_transaction_in_partition,
+                record.table_name,
+                [
+                    [c.name, _json(c.type), c.is_primary_key, c.ordinal_position]
+                    for c in record.column_types
+                ],
+                [[_json(m.keys), _json(m.new_values), _json(m.old_values)] for m in record.mods],
+                record.value_capture_type,
+                record.number_of_records_in_transaction,
+                record.number_of_partitions_in_transaction,
+                record.transaction_tag,
+                record.is_system_transaction,
+            ]
+        ]
+    return _native([[heartbeat, children, data]])
+
+
+@dataclass
+class Fault:
+    """Abort the partition's stream with ``code`` after ``after_rows`` rows, ``times`` times."""
+
+    after_rows: int
+    code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE
+    times: int = 1
+
+
+@dataclass
+class Script:
+    streams: dict[str, list[ChangeRecord]]
+    faults: dict[str, Fault] = field(default_factory=dict)
+    honor_resume_tokens: bool = True
+
+
+def _param(request: Any, name: str) -> Any:
+    value = request.params[name]
+    return None if value is None else value
+
+
+class ScriptedChangeStreamServicer(SpannerServicer):
+    def __init__(self, script: Script) -> None:
+        super().__init__()
+        self.script = script
+        self._lock = threading.Lock()
+        self.queries: list[tuple[str, Nanos, bytes]] = []
+        self.faults_fired = 0
+
+    def ExecuteStreamingSql(
+        self, request: Any, context: grpc.ServicerContext
+    ) -> Iterator[PartialResultSet]:
+        params = json.loads(type(request).to_json(request))["params"]
+        token = params.get("partition_token") or INITIAL_PARTITION
+        start = parse_rfc3339(params["start_timestamp"])
+        resume = bytes(request.resume_token)
+        with self._lock:
+            self.queries.append((token, start, resume))
+        rows = records_from(self.script.streams[token], start)
+        first = int(resume) + 1 if resume and self.script.honor_resume_tokens else 0
+        metadata = ResultSetMetadata(
+            row_type=StructType(fields=[StructType.Field(name="ChangeRecord", type_=CHANGE_RECORD)])
+        )
+        for index in range(first, len(rows)):
+            with self._lock:
+                fault = self.script.faults.get(token)
+                if fault and fault.times > 0 and index == fault.after_rows:
+                    fault.times -= 1
+                    self.faults_fired += 1
+                    context.abort(fault.code, f"stream cut by the script at row {index}")
+            row = json_format.ParseDict(encode(rows[index]), struct_pb2.Value())
+            partial = PartialResultSet(resume_token=str(index).encode())
+            partial._pb.values.append(row)
+            if index == first:
+                partial.metadata = metadata
+            yield partial
+        if first >= len(rows):
+            yield PartialResultSet(metadata=metadata)
+
+
+def start_server(script: Script) -> tuple[grpc.Server, ScriptedChangeStreamServicer, int]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+    servicer = ScriptedChangeStreamServicer(script)
+    spanner_pb2_grpc.add_SpannerServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, servicer, port
+
+
+def data_records(streams: dict[str, list[ChangeRecord]]) -> int:
+    return sum(isinstance(r, DataChangeRecord) for s in streams.values() for r in s)

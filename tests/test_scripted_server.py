@@ -1,0 +1,156 @@
+"""The reader through the real google-cloud-spanner client against a scripted gRPC server:
+transactions spread over several partitions, and streams cut mid-way."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import spanner
+
+from ingest.logs import make_logger
+from ingest.partitions import INITIAL_PARTITION
+from ingest.query import ChangeStreamQuery, Dialect
+from ingest.reader import ChangeStreamReader, ReaderConfig
+from ingest.records import ChildPartition, ChildPartitionsRecord, ColumnType, Mod, Transaction
+from ingest.retries import RetryPolicy
+from ingest.timestamps import parse_rfc3339
+from ingest.values import decode_value
+from tests.scripted_spanner import Fault, Script, ScriptedChangeStreamServicer, start_server
+from tests.simulation import build_topology
+from tests.test_core_units import record
+
+FAST_RETRY = RetryPolicy(initial_backoff_seconds=0.01, max_backoff_seconds=0.05)
+
+
+@pytest.fixture
+def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator:
+    monkeypatch.delenv("SPANNER_EMULATOR_HOST", raising=False)
+    servers: list[grpc.Server] = []
+
+    def start(script: Script) -> tuple[ScriptedChangeStreamServicer, ChangeStreamQuery]:
+        server, servicer, port = start_server(script)
+        servers.append(server)
+        client = spanner.Client(
+            project="scripted",
+            credentials=AnonymousCredentials(),
+            client_options=ClientOptions(api_endpoint=f"127.0.0.1:{port}"),
+            disable_builtin_metrics=True,
+        )
+        database = client.instance("scripted").database("scripted")
+        return servicer, ChangeStreamQuery(database, "s", Dialect.GOOGLE_STANDARD_SQL, 1000)
+
+    yield start
+    for server in servers:
+        server.stop(grace=None)
+
+
+def read_all(source: ChangeStreamQuery, start: int, end: int) -> tuple[list[Transaction], list]:
+    logs = io.StringIO()
+    reader = ChangeStreamReader(
+        source,
+        ReaderConfig(start_timestamp=start, end_timestamp=end, retry=FAST_RETRY),
+        make_logger(logs),
+    )
+    released: list[Transaction] = []
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            reader.run(lambda r: released.extend(r.transactions), threading.Event())
+        except BaseException as error:
+            failures.append(error)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive()
+    if failures:
+        raise failures[0]
+    return released, [json.loads(line) for line in logs.getvalue().splitlines()]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_transactions_spread_over_partitions_are_reassembled(serve, seed: int) -> None:
+    topology = build_topology(random.Random(seed), events=10, transactions=120)
+    _, source = serve(Script(topology.records_by_partition()))
+    released, _ = read_all(source, topology.start, topology.end)
+    assert released == topology.expected()
+    spread = [t for t in released if t.records[0].number_of_partitions_in_transaction >= 2]
+    assert len(spread) >= 5
+
+
+@pytest.mark.parametrize("honor_resume_tokens", [True, False])
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED])
+def test_stream_cut_mid_way_loses_and_duplicates_nothing(
+    serve, honor_resume_tokens: bool, code: grpc.StatusCode
+) -> None:
+    topology = build_topology(random.Random(42), events=8, transactions=150)
+    streams = topology.records_by_partition()
+    faults = {
+        token: Fault(after_rows=len(rows) // 2, code=code, times=2)
+        for token, rows in streams.items()
+        if token != INITIAL_PARTITION and len(rows) >= 4
+    }
+    servicer, source = serve(Script(streams, faults, honor_resume_tokens))
+    released, events = read_all(source, topology.start, topology.end)
+    assert released == topology.expected()
+    # A retry from the resume timestamp re-queries fewer rows, so a second cut may not be reached.
+    assert len(faults) <= servicer.faults_fired <= 2 * len(faults)
+    assert all(fault.times < 2 for fault in faults.values())
+    retries = [e for e in events if e["event"] == "partition_query_retry"]
+    if code == grpc.StatusCode.UNAVAILABLE and honor_resume_tokens:
+        assert any(resume for _, _, resume in servicer.queries), "client resumed by token"
+    if code == grpc.StatusCode.ABORTED:
+        assert len(retries) == servicer.faults_fired
+        assert all("Aborted" in e["cause"] for e in retries)
+        partition_starts = {t: p.start for t, p in topology.partitions.items()}
+        resumed_later = [
+            s for t, s, _ in servicer.queries if t in faults and s > partition_starts[t]
+        ]
+        assert resumed_later, "a retried query must start at the partition's resume timestamp"
+
+
+def test_full_precision_values_pass_through(serve) -> None:
+    start = parse_rfc3339("2026-01-01T00:00:00.000000001Z")
+    commit = parse_rfc3339("2026-01-01T00:00:00.123456789Z")
+    end = commit + 1000
+    columns = (
+        ColumnType("id", {"code": "INT64"}, True, 1),
+        ColumnType("at", {"code": "TIMESTAMP"}, False, 2),
+        ColumnType("amount", {"code": "NUMERIC"}, False, 3),
+        ColumnType("tags", {"code": "ARRAY", "array_element_type": {"code": "INT64"}}, False, 4),
+    )
+    values = {
+        "at": "2026-01-01T00:00:00.987654321Z",
+        "amount": "99999999999999999999999999999.999999999",
+        "tags": ["-9223372036854775808", None],
+    }
+    data = record(
+        commit,
+        "t1",
+        0,
+        1,
+        column_types=columns,
+        mods=(Mod({"id": "9223372036854775807"}, values, {}),),
+    )
+    streams = {
+        INITIAL_PARTITION: [ChildPartitionsRecord(start, "0", (ChildPartition("p", ()),))],
+        "p": [data],
+    }
+    _, source = serve(Script(streams))
+    [transaction], _ = read_all(source, start, end)
+    [mod] = transaction.records[0].mods
+    types = {c.name: c.type for c in transaction.records[0].column_types}
+    assert transaction.commit_timestamp == commit
+    assert decode_value(types["id"], mod.keys["id"]) == 2**63 - 1
+    assert decode_value(types["at"], mod.new_values["at"]) % 10**9 == 987654321
+    assert str(decode_value(types["amount"], mod.new_values["amount"])) == values["amount"]
+    assert decode_value(types["tags"], mod.new_values["tags"]) == [-(2**63), None]
