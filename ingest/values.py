@@ -1,7 +1,8 @@
 """Decode mod values (JSON as Spanner sends them) into exact Python values, by column type.
 
-INT64 → int, FLOAT64 → float, FLOAT32 → float (rounded to float32), NUMERIC → Decimal, BYTES → bytes, DATE → date,
-TIMESTAMP → integer nanoseconds, JSON → parsed JSON, ARRAY → list; unknown types pass through.
+INT64 → int, FLOAT64 → float, FLOAT32 → float (rounded to float32), NUMERIC → Decimal,
+BYTES → bytes, DATE → date, TIMESTAMP → integer nanoseconds, JSON → parsed JSON, ARRAY → list;
+unknown types pass through.
 """
 
 from __future__ import annotations
