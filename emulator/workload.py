@@ -162,7 +162,7 @@ class Workload:
     def run(self, stop: threading.Event | None = None) -> list[CommittedTransaction]:
         config = self._config
         started = time.monotonic()
-        kinds: list[tuple[str, Callable[[], Callable[[Any], Mods]]]] = [
+        kinds: list[tuple[str, Callable[[], Callable[[Any], Mods] | None]]] = [
             ("transfer", self._transfer),
             ("all_types", self._all_types),
             ("cleanup", self._cleanup),
@@ -183,8 +183,10 @@ class Workload:
                 time.sleep(max(0.0, due - time.monotonic()))
         return self.committed
 
-    def _commit(self, kind: str, make: Callable[[], Callable[[Any], Mods]]) -> None:
+    def _commit(self, kind: str, make: Callable[[], Callable[[Any], Mods] | None]) -> None:
         apply = make()
+        if apply is None:
+            return
         attempts: list[Any] = []
 
         def work(transaction: Any) -> Mods:
@@ -277,9 +279,9 @@ class Workload:
 
         return apply
 
-    def _cleanup(self) -> Callable[[Any], Mods]:
+    def _cleanup(self) -> Callable[[Any], Mods] | None:
         if not self._state.transfer_keys:
-            return lambda _: None
+            return None
         key = self._state.transfer_keys[0]
 
         def apply(transaction: Any) -> tuple[WrittenMod, ...]:

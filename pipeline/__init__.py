@@ -1,0 +1,1 @@
+"""The Spark job (transformWithState over the change-log table). Not built yet: see issue 4."""
