@@ -23,7 +23,8 @@ from google.cloud import spanner
 from emulator.bootstrap import bootstrap
 from emulator.server import emulator
 from emulator.workload import Workload, WorkloadConfig
-from ingest.timestamps import NANOS_PER_SECOND, to_rfc3339
+from ingest.cli import tail_argv
+from ingest.timestamps import NANOS_PER_SECOND
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,20 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         end = start + int((args.seconds + 5) * NANOS_PER_SECOND)
         log_file = stack.enter_context(open(run_dir / "tail.log", "w"))
         tail = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ingest",
-                "tail",
-                "--database",
-                database.database_id,
-                "--stream",
-                "all_changes",
-                "--start-timestamp",
-                to_rfc3339(start),
-                "--end-timestamp",
-                to_rfc3339(end),
-            ],
+            tail_argv(database.database_id, "all_changes", start, end),
             stderr=log_file,
         )
         stop = threading.Event()

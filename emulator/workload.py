@@ -26,12 +26,11 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from google.api_core.datetime_helpers import DatetimeWithNanoseconds
 from google.cloud import spanner
 from google.cloud.spanner_v1.data_types import JsonObject
 from google.cloud.spanner_v1.database import Database
 
-from ingest.timestamps import Nanos, from_datetime, to_rfc3339
+from ingest.timestamps import Nanos, from_datetime, to_datetime, to_rfc3339
 
 ALL_TYPES_COLUMNS = (
     "col_int64",
@@ -118,21 +117,6 @@ def random_all_types_values(rng: random.Random) -> dict[str, Any]:
     return values
 
 
-def _timestamp_param(nanos: Nanos) -> DatetimeWithNanoseconds:
-    seconds, rest = divmod(nanos, 1_000_000_000)
-    base = dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
-    return DatetimeWithNanoseconds(
-        base.year,
-        base.month,
-        base.day,
-        base.hour,
-        base.minute,
-        base.second,
-        nanosecond=rest,
-        tzinfo=dt.UTC,
-    )
-
-
 def to_mutation_value(column: str, value: Any) -> Any:
     """The value the Spanner client expects in a mutation for a Python value of the column."""
     if value is None:
@@ -140,7 +124,7 @@ def to_mutation_value(column: str, value: Any) -> Any:
     if column == "col_bytes":
         return base64.b64encode(value)
     if column in ("col_timestamp", "updated_at", "created_at"):
-        return _timestamp_param(value)
+        return to_datetime(value)
     if column == "col_json":
         return JsonObject(value)
     return value

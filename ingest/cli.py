@@ -77,6 +77,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def tail_argv(
+    database: str, stream: str, start: Nanos, end: Nanos | None = None, *extra: str
+) -> list[str]:
+    """The command line that runs ``tail`` in a new process of this interpreter."""
+    argv = [
+        sys.executable,
+        "-m",
+        "ingest",
+        "tail",
+        "--database",
+        database,
+        "--stream",
+        stream,
+        "--start-timestamp",
+        to_rfc3339(start),
+    ]
+    if end is not None:
+        argv += ["--end-timestamp", to_rfc3339(end)]
+    return [*argv, *extra]
+
+
 @dataclass(frozen=True)
 class TailRequest:
     database: object

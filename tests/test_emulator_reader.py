@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from emulator.workload import Workload, WorkloadConfig
-from ingest.timestamps import to_rfc3339
+from ingest.cli import tail_argv
 from tests.checks import (
     TIMESTAMP_COLUMNS,
     assert_matches_committed,
@@ -32,22 +31,16 @@ def tail_while_committing(
     out, err = tmp_path / "tail.jsonl", tmp_path / "tail.log"
     with out.open("w") as stdout, err.open("w") as stderr:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ingest",
-                "tail",
-                "--database",
+            tail_argv(
                 database.database_id,
-                "--stream",
                 "all_changes",
-                "--start-timestamp",
-                to_rfc3339(start),
+                start,
+                None,
                 "--heartbeat-ms",
                 "1000",
                 "--stats-interval-s",
                 "5",
-            ],
+            ),
             stdout=stdout,
             stderr=stderr,
         )
@@ -123,20 +116,7 @@ def test_every_column_type_round_trips(new_database, tmp_path: Path, dialect: st
     committed = workload.run()
     end = max(t.commit_timestamp for t in committed) + 1
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ingest",
-            "tail",
-            "--database",
-            database.database_id,
-            "--stream",
-            "all_changes",
-            "--start-timestamp",
-            to_rfc3339(start),
-            "--end-timestamp",
-            to_rfc3339(end),
-        ],
+        tail_argv(database.database_id, "all_changes", start, end),
         capture_output=True,
         text=True,
         timeout=120,
