@@ -7,7 +7,6 @@ topology. The reader feeds it records per partition token and asks which partiti
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import structlog
@@ -25,6 +24,27 @@ class PartitionState(enum.Enum):
     SCHEDULED = "SCHEDULED"
     RUNNING = "RUNNING"
     FINISHED = "FINISHED"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCheckpoint:
+    """What resumes a partition after a restart: it is queried again from max(start, W + 1)."""
+
+    token: str
+    start_timestamp: Nanos
+    parent_tokens: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionsCheckpoint:
+    """Partitions to query again, and the finished parents they still wait for.
+
+    A parent that is neither here nor finished has not been discovered yet (its own parent is
+    still running): its children must keep waiting for it.
+    """
+
+    partitions: tuple[PartitionCheckpoint, ...]
+    finished_parents: tuple[str, ...]
 
 
 class PartitionLifecycleError(RuntimeError):
@@ -80,18 +100,34 @@ class PartitionTracker:
         self._partitions: dict[str, Partition] = {}
         self._finished: dict[str, frozenset[str]] = {}
         """Finished tokens still needed, with the partitions that reported them."""
+        self._landing: dict[str, Partition] = {}
+        """Finished partitions whose records are not all at or below the landed watermark yet."""
 
     # -- creation --------------------------------------------------------------------------
 
     def add_initial(self) -> Partition:
         return self._create(INITIAL_PARTITION, self._start_timestamp, frozenset())
 
-    def restore(self, partitions: Iterable[Partition], finished_tokens: Iterable[str]) -> None:
-        """Resume from a checkpoint: unfinished partitions, and finished parents still awaited."""
-        self._finished.update({token: frozenset() for token in finished_tokens})
-        for partition in partitions:
-            partition.state = PartitionState.CREATED
+    def restore(self, checkpoint: PartitionsCheckpoint, low_watermark: Nanos) -> None:
+        """Resume from a checkpoint taken at ``low_watermark``: everything at or below it landed."""
+        for token in checkpoint.finished_parents:
+            self._finished[token] = frozenset()
+        for saved in checkpoint.partitions:
+            partition = Partition(
+                token=saved.token,
+                start_timestamp=saved.start_timestamp,
+                end_timestamp=self._end_timestamp,
+                heartbeat_millis=self._heartbeat_millis,
+                parent_tokens=frozenset(saved.parent_tokens),
+                watermark=max(saved.start_timestamp - 1, low_watermark),
+            )
             self._partitions[partition.token] = partition
+            self._log.info(
+                "partition_restored",
+                partition_token=partition.token,
+                resume_timestamp=to_rfc3339(partition.resume_timestamp),
+                parent_partition_tokens=sorted(saved.parent_tokens),
+            )
 
     def _create(self, token: str, start: Nanos, parents: frozenset[str]) -> Partition:
         partition = Partition(
@@ -205,6 +241,7 @@ class PartitionTracker:
         partition.state = PartitionState.FINISHED
         self._finished[token] = frozenset(partition.reported_by)
         del self._partitions[token]
+        self._landing[token] = partition
         self._log.info(
             "partition_finished",
             partition_token=token,
@@ -216,7 +253,8 @@ class PartitionTracker:
     def _forget_unreferenced_finished(self) -> None:
         """Forget a finished token once no partition awaits it and none can report it again."""
         live = self._partitions.keys()
-        awaited = set().union(*(p.parent_tokens for p in self._partitions.values()))
+        requeried_after_restart = [*self._partitions.values(), *self._landing.values()]
+        awaited = set().union(*(p.parent_tokens for p in requeried_after_restart))
         self._finished = {
             token: reporters
             for token, reporters in self._finished.items()
@@ -237,6 +275,26 @@ class PartitionTracker:
     @property
     def all_finished(self) -> bool:
         return not self._partitions
+
+    def checkpoint(self, landed_watermark: Nanos) -> PartitionsCheckpoint:
+        """Partitions to query again after a restart from ``landed_watermark``.
+
+        Unfinished partitions, and finished ones that delivered records above the landed
+        watermark: resuming only their children would lose those records.
+        """
+        self._landing = {
+            token: p for token, p in self._landing.items() if p.watermark > landed_watermark
+        }
+        saved = [*self._landing.values(), *self._partitions.values()]
+        awaited = set().union(*(p.parent_tokens for p in saved))
+        requeried = {p.token for p in saved}
+        return PartitionsCheckpoint(
+            tuple(
+                PartitionCheckpoint(p.token, p.start_timestamp, tuple(sorted(p.parent_tokens)))
+                for p in saved
+            ),
+            tuple(sorted((awaited & self._finished.keys()) - requeried)),
+        )
 
     def unfinished(self) -> list[Partition]:
         return list(self._partitions.values())

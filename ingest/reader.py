@@ -18,7 +18,12 @@ import structlog
 from tenacity import Retrying, retry_if_exception, wait_exponential_jitter
 
 from ingest.assembler import TransactionAssembler
-from ingest.partitions import INITIAL_PARTITION, PartitionTracker, watermark_after
+from ingest.partitions import (
+    INITIAL_PARTITION,
+    PartitionsCheckpoint,
+    PartitionTracker,
+    watermark_after,
+)
 from ingest.records import ChangeRecord, ChildPartitionsRecord, DataChangeRecord, Transaction
 from ingest.retries import RetryPolicy, StreamEndedEarly, is_transient
 from ingest.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
@@ -48,11 +53,21 @@ class ReaderConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """Where a previous run stopped: everything at or below low_watermark has landed."""
+
+    low_watermark: Nanos
+    partitions: PartitionsCheckpoint
+
+
+@dataclass(frozen=True, slots=True)
 class Release:
-    """Whole transactions with commit timestamp in (previous low watermark, low_watermark]."""
+    """Whole transactions with commit timestamp in (previous low watermark, low_watermark],
+    and the resume point once they have landed."""
 
     transactions: list[Transaction]
     low_watermark: Nanos
+    resume_point: ResumePoint
 
 
 class PartitionQueryFailed(RuntimeError):
@@ -131,6 +146,7 @@ class ChangeStreamReader:
         log: Logger,
         wall_clock: Callable[[], Nanos] = time.time_ns,
         sleep: Callable[[float], None] = time.sleep,
+        resume_from: ResumePoint | None = None,
     ) -> None:
         self._source = source
         self._config = config
@@ -144,11 +160,22 @@ class ChangeStreamReader:
             config.start_timestamp, config.end_timestamp, config.heartbeat_millis, log
         )
         self.assembler = TransactionAssembler(config.start_timestamp - 1, log)
+        if resume_from is not None:
+            self.tracker.restore(resume_from.partitions, resume_from.low_watermark)
+            self.assembler = TransactionAssembler(resume_from.low_watermark, log)
         self._records_read = 0
         self._slot_warning_logged = False
 
-    def run(self, on_release: Callable[[Release], None], stop: threading.Event) -> None:
-        """Read until stopped, or until every partition reached the end timestamp."""
+    def run(
+        self,
+        on_release: Callable[[Release], None],
+        stop: threading.Event,
+        on_tick: Callable[[], None] | None = None,
+    ) -> None:
+        """Read until stopped, or until every partition reached the end timestamp.
+
+        ``on_tick`` runs on the coordinator every loop (about every 50 ms), for time-based work.
+        """
         if self.tracker.all_finished:
             self.tracker.add_initial()
         next_stats = time.monotonic() + self._config.stats_interval_seconds
@@ -158,6 +185,8 @@ class ChangeStreamReader:
                 self._start_ready_partitions()
                 self._drain_events()
                 self._release(on_release)
+                if on_tick is not None:
+                    on_tick()
                 if self.tracker.all_finished:
                     break
                 if time.monotonic() >= next_stats:
@@ -228,7 +257,8 @@ class ChangeStreamReader:
             low_watermark = self._config.end_timestamp
         if low_watermark is not None and low_watermark > self.assembler.released_watermark:
             transactions = self.assembler.release(low_watermark)
-            on_release(Release(transactions, low_watermark))
+            resume_point = ResumePoint(low_watermark, self.tracker.checkpoint(low_watermark))
+            on_release(Release(transactions, low_watermark, resume_point))
         over_budget = self.assembler.buffered_bytes > self._config.memory_budget_bytes
         self._gate.update(over_budget, low_watermark)
 

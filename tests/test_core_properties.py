@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from ingest.assembler import TransactionAssembler
 from ingest.partitions import INITIAL_PARTITION, PartitionTracker
+from ingest.reader import ResumePoint
 from ingest.records import ChangeRecord, DataChangeRecord, Transaction
 from tests.simulation import Topology, build_topology, records_from
 
@@ -112,3 +113,60 @@ def test_each_partition_is_queried_once_and_merges_wait_for_all_parents(
     expected_tokens = {*topology.partitions, INITIAL_PARTITION}
     assert set(result["first_queries"]) == expected_tokens
     assert set(result["first_queries"].values()) == {1}
+
+
+def drive_with_crashes(topology: Topology, data: st.DataObject) -> list[Transaction]:
+    """Like ``drive``, but at random moments all state is lost and restored from the resume
+    point of the last release (what the Delta sink stores in each commit)."""
+    streams = topology.records_by_partition()
+    end = topology.end
+
+    def fresh(resume: ResumePoint | None) -> tuple[PartitionTracker, TransactionAssembler]:
+        tracker = PartitionTracker(topology.start, end, 1000)
+        if resume is None:
+            tracker.add_initial()
+            return tracker, TransactionAssembler(topology.start - 1)
+        tracker.restore(resume.partitions, resume.low_watermark)
+        return tracker, TransactionAssembler(resume.low_watermark)
+
+    tracker, assembler = fresh(None)
+    landed: list[Transaction] = []
+    resume: ResumePoint | None = None
+    remaining: dict[str, list[ChangeRecord]] = {}
+    crashes = 0
+    while True:
+        for partition in tracker.take_ready(10**6):
+            tracker.mark_running(partition.token, partition.resume_timestamp)
+            remaining[partition.token] = records_from(
+                streams[partition.token], partition.resume_timestamp
+            )
+        if not remaining:
+            break
+        if crashes < 5 and data.draw(st.integers(0, 30)) == 0:
+            crashes += 1
+            tracker, assembler = fresh(resume)
+            remaining = {}
+            continue
+        token = data.draw(st.sampled_from(sorted(remaining)))
+        if remaining[token]:
+            record = remaining[token].pop(0)
+            tracker.on_record(token, record)
+            if isinstance(record, DataChangeRecord):
+                assembler.add(record)
+        else:
+            del remaining[token]
+            tracker.on_stream_end(token)
+        raw = tracker.low_watermark()
+        low_watermark = end if raw is None else raw
+        if low_watermark > assembler.released_watermark:
+            landed.extend(assembler.release(low_watermark))
+            resume = ResumePoint(low_watermark, tracker.checkpoint(low_watermark))
+    return landed
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topology=topologies, data=st.data())
+def test_restart_from_any_resume_point_loses_and_duplicates_nothing(
+    topology: Topology, data: st.DataObject
+) -> None:
+    assert drive_with_crashes(topology, data) == topology.expected()
