@@ -1,4 +1,5 @@
-"""Command line: ``python -m ingest tail`` prints whole, ordered transactions as JSON lines.
+"""Command line: ``python -m ingest tail`` prints whole, ordered transactions as JSON lines;
+``python -m ingest run`` lands them in a Delta change-log table, exactly once.
 
 Every bad input ends with one ``error:`` line on stderr and a non-zero exit: 2 for a request that
 cannot be valid, 1 for a failure while running.
@@ -19,11 +20,13 @@ from typing import NoReturn, TextIO
 from google.api_core import exceptions as api_exceptions
 from google.cloud import spanner
 
+from ingest import config as config_module
 from ingest import query
 from ingest.assembler import IncompleteTransactionError, InconsistentTransactionError
 from ingest.encoding import canonical_json, transaction_to_dict
 from ingest.logs import make_logger
 from ingest.reader import ChangeStreamReader, PartitionQueryFailed, ReaderConfig, Release
+from ingest.service import run_service
 from ingest.timestamps import Nanos, parse_rfc3339, to_rfc3339
 
 EXIT_RUNTIME_ERROR = 1
@@ -74,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--memory-budget-mb", type=int, default=256)
     tail.add_argument("--stats-interval-s", type=float, default=10.0)
     tail.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    run = commands.add_parser(
+        "run", help="land the change stream in a Delta change-log table (long-running)"
+    )
+    run.add_argument(
+        "--config",
+        default=None,
+        help=f"TOML file (or {config_module.CONFIG_FILE_VARIABLE}); environment overrides it",
+    )
     return parser
 
 
@@ -138,12 +149,23 @@ def prepare_tail(args: argparse.Namespace) -> TailRequest:
     )
 
 
-def run_tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    log = make_logger(err, args.log_level).bind(command="tail", stream=args.stream)
-    request = prepare_tail(args)
+def _stop_on_signals() -> threading.Event:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    return stop
+
+
+def run_ingest(args: argparse.Namespace, out: TextIO) -> int:
+    config = config_module.load(file=args.config)
+    log = make_logger(out, config.log_level).bind(command="run", stream=config.stream)
+    return run_service(config, log, _stop_on_signals())
+
+
+def run_tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    log = make_logger(err, args.log_level).bind(command="tail", stream=args.stream)
+    request = prepare_tail(args)
+    stop = _stop_on_signals()
 
     def print_release(release: Release) -> None:
         for transaction in release.transactions:
@@ -190,8 +212,10 @@ def main(
     err = err or sys.stderr
     try:
         args = build_parser().parse_args(argv)
+        if args.command == "run":
+            return run_ingest(args, out)
         return run_tail(args, out, err)
-    except (UsageError, query.ChangeStreamRequestError) as error:
+    except (UsageError, query.ChangeStreamRequestError, config_module.ConfigError) as error:
         print(f"error: {_one_line(error)}", file=err)
         return EXIT_BAD_INPUT
     except (

@@ -1,0 +1,201 @@
+"""Configuration of the ingest service: defaults, then an optional TOML file, then environment.
+
+Every option has a default that works against a local emulator. A bad value raises
+``ConfigError`` naming the option, where it came from, and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ingest.query import MAX_HEARTBEAT_MILLIS, MIN_HEARTBEAT_MILLIS
+from ingest.timestamps import Nanos, parse_rfc3339
+
+CONFIG_FILE_VARIABLE = "INGEST_CONFIG_FILE"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    project: str = "local-project"
+    instance: str = "local-instance"
+    database: str = "bank"
+    stream: str = "all_changes"
+    dialect: str = "auto"
+    heartbeat_ms: int = 1000
+    start_timestamp: Nanos | None = None
+    """Where a job without a checkpoint starts; None means now."""
+    table_uri: str = "./data/changelog"
+    job_id: str = ""
+    """Application id in the Delta log; empty means '<database>.<stream>'."""
+    memory_budget_mb: int = 256
+    flush_latency_ms: int = 1000
+    max_batch_rows: int = 100_000
+    checkpoint_interval_s: float = 30.0
+    lease_s: float = 90.0
+    health_port: int = 8080
+    readiness_s: float = 120.0
+    stats_interval_s: float = 10.0
+    max_concurrent_partitions: int = 512
+    log_level: str = "info"
+
+    @property
+    def effective_job_id(self) -> str:
+        return self.job_id or f"{self.database}.{self.stream}"
+
+
+ENVIRONMENT = {
+    "project": "SPANNER_PROJECT",
+    "instance": "SPANNER_INSTANCE",
+    "database": "SPANNER_DATABASE",
+    "stream": "SPANNER_CHANGE_STREAM",
+    **{
+        name: f"INGEST_{name.upper()}"
+        for name in (
+            "dialect",
+            "heartbeat_ms",
+            "start_timestamp",
+            "table_uri",
+            "job_id",
+            "memory_budget_mb",
+            "flush_latency_ms",
+            "max_batch_rows",
+            "checkpoint_interval_s",
+            "lease_s",
+            "health_port",
+            "readiness_s",
+            "stats_interval_s",
+            "max_concurrent_partitions",
+            "log_level",
+        )
+    },
+}
+
+
+def _identifier(value: Any) -> str:
+    text = str(value)
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_\-]*", text):
+        raise ValueError("expected letters, digits, '_' or '-', starting with a letter")
+    return text
+
+
+def _choice(*allowed: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if str(value) not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}")
+        return str(value)
+
+    return parse
+
+
+def _integer(low: int, high: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool):
+            raise ValueError("expected an integer")
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected an integer from {low} to {high}") from None
+        if not low <= number <= high:
+            raise ValueError(f"expected an integer from {low} to {high}")
+        return number
+
+    return parse
+
+
+def _seconds(low: float, high: float) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected seconds from {low} to {high}") from None
+        if not low <= number <= high:
+            raise ValueError(f"expected seconds from {low} to {high}")
+        return number
+
+    return parse
+
+
+def _timestamp(value: Any) -> Nanos | None:
+    text = str(value)
+    if text in ("", "now"):
+        return None
+    return parse_rfc3339(text)
+
+
+def _non_empty(value: Any) -> str:
+    if not str(value).strip():
+        raise ValueError("must not be empty")
+    return str(value)
+
+
+def _job_id(value: Any) -> str:
+    return "" if str(value) == "" else _identifier(value)
+
+
+PARSERS: dict[str, Callable[[Any], Any]] = {
+    "project": _non_empty,
+    "instance": _identifier,
+    "database": _identifier,
+    "stream": _identifier,
+    "dialect": _choice("auto", "googlesql", "postgresql"),
+    "heartbeat_ms": _integer(MIN_HEARTBEAT_MILLIS, MAX_HEARTBEAT_MILLIS),
+    "start_timestamp": _timestamp,
+    "table_uri": _non_empty,
+    "job_id": _job_id,
+    "memory_budget_mb": _integer(1, 1 << 20),
+    "flush_latency_ms": _integer(10, 3_600_000),
+    "max_batch_rows": _integer(1, 100_000_000),
+    "checkpoint_interval_s": _seconds(0.1, 86_400),
+    "lease_s": _seconds(1, 86_400),
+    "health_port": _integer(0, 65_535),
+    "readiness_s": _seconds(1, 86_400),
+    "stats_interval_s": _seconds(0.1, 86_400),
+    "max_concurrent_partitions": _integer(1, 100_000),
+    "log_level": _choice("debug", "info", "warning", "error"),
+}
+
+
+def load(environ: Mapping[str, str] | None = None, file: str | None = None) -> ServiceConfig:
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    path = file or environ.get(CONFIG_FILE_VARIABLE)
+    if path:
+        try:
+            document = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise ConfigError(f"config file {path}: {error}") from None
+        unknown = sorted(set(document) - set(PARSERS))
+        if unknown:
+            raise ConfigError(f"config file {path}: unknown option {unknown[0]!r}")
+        values.update({name: (value, f"{path}: {name}") for name, value in document.items()})
+    for name, variable in ENVIRONMENT.items():
+        if variable in environ:
+            values[name] = (environ[variable], variable)
+    parsed = {}
+    for name, (value, source) in values.items():
+        try:
+            parsed[name] = PARSERS[name](value)
+        except ValueError as error:
+            raise ConfigError(f"{source}={value!r}: {error}") from None
+    config = ServiceConfig(**parsed)
+    if config.lease_s < 2 * config.checkpoint_interval_s:
+        raise ConfigError(
+            f"lease_s ({config.lease_s}) must be at least twice checkpoint_interval_s "
+            f"({config.checkpoint_interval_s}): a live writer commits once per interval"
+        )
+    return config
+
+
+def reference() -> list[tuple[str, str, object]]:
+    """(option, environment variable, default) for every option: the documentation's source."""
+    return [(f.name, ENVIRONMENT[f.name], f.default) for f in fields(ServiceConfig)]

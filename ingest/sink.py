@@ -1,0 +1,192 @@
+"""The Delta change-log sink: one Delta commit per consistent cut, exactly once.
+
+Each commit appends the rows of whole transactions with W(previous) < commit timestamp ≤ W and
+carries, atomically, an application transaction (job id, version n) and the checkpoint to resume
+from W. Exactly once: before writing version n the sink reads the job's landed version; a replayed
+n is skipped, never written twice.
+
+One writer per job: the app transaction is also the fence. A writer only commits n when the
+table's version for the job is n - 1, and Delta refuses a commit carrying the job's app id that
+races another one (ConcurrentTransaction), on a local path and on object stores alike, because it
+rests on the Delta log's own atomic commit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from ingest import changelog
+from ingest.checkpoint import Checkpoint, from_json, to_json
+from ingest.logs import null_logger
+from ingest.reader import ResumePoint
+from ingest.records import Transaction as SpannerTransaction
+from ingest.timestamps import Nanos
+
+CHECKPOINT_KEY = "spanner_cdc_checkpoint"
+TABLE_CONFIGURATION = {"delta.appendOnly": "true"}
+
+
+class WriterFenced(RuntimeError):
+    """Another process committed for this job: this one must stop writing."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    version: int
+    delta_version: int | None
+    rows: int
+    transactions: int
+    replayed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Maintenance:
+    log_checkpoint_every: int = 100
+    """Delta log checkpoint every N table versions, so readers never replay a long JSON log."""
+    compact_every: int = 500
+    """Compaction of small files every N table versions (dataChange=false: streams skip it)."""
+
+
+class DeltaChangeLogSink:
+    def __init__(
+        self,
+        table_uri: str,
+        job_id: str,
+        owner: str,
+        storage_options: dict[str, str] | None = None,
+        maintenance: Maintenance | None = None,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+        wall_clock: Callable[[], Nanos] = time.time_ns,
+        retry_attempts: int = 8,
+    ) -> None:
+        self._uri = table_uri
+        self._job_id = job_id
+        self._owner = owner
+        self._storage_options = storage_options
+        self._maintenance = maintenance or Maintenance()
+        self._log = log or null_logger()
+        self._wall_clock = wall_clock
+        self._retry_attempts = retry_attempts
+        self._next_version = 1
+
+    @property
+    def job_id(self) -> str:
+        return self._job_id
+
+    def table(self) -> DeltaTable | None:
+        try:
+            return DeltaTable(self._uri, storage_options=self._storage_options)
+        except TableNotFoundError:
+            return None
+
+    def latest_checkpoint(self) -> Checkpoint | None:
+        table = self.table()
+        if table is None:
+            return None
+        version = table.transaction_version(self._job_id)
+        if version is None:
+            return None
+        checkpoint = self._checkpoint_at(table, version)
+        if checkpoint is None:
+            raise RuntimeError(
+                f"table {self._uri} records version {version} of job {self._job_id} "
+                "but no commit carries its checkpoint"
+            )
+        return checkpoint
+
+    def _checkpoint_at(self, table: DeltaTable, version: int) -> Checkpoint | None:
+        for limit in (50, None):
+            for commit in table.history(limit):
+                text = commit.get(CHECKPOINT_KEY)
+                if text is None:
+                    continue
+                checkpoint = from_json(text)
+                if checkpoint.job_id == self._job_id and checkpoint.version == version:
+                    return checkpoint
+        return None
+
+    def continue_after(self, checkpoint: Checkpoint | None) -> None:
+        """Take over the job from its newest checkpoint (or start it)."""
+        self._next_version = (checkpoint.version if checkpoint else 0) + 1
+
+    def commit(
+        self, transactions: Sequence[SpannerTransaction], resume_point: ResumePoint
+    ) -> CommitResult:
+        version = self._next_version
+        checkpoint = Checkpoint(
+            self._job_id, version, self._owner, self._wall_clock(), resume_point
+        )
+        rows = changelog.to_arrow(transactions)
+        retrying = Retrying(
+            retry=retry_if_exception_type((CommitFailedError, OSError)),
+            wait=wait_exponential_jitter(initial=0.05, max=5),
+            stop=stop_after_attempt(self._retry_attempts),
+            before_sleep=lambda state: self._log.warning(
+                "delta_commit_retry",
+                version=version,
+                attempt=state.attempt_number,
+                cause=repr(state.outcome.exception()) if state.outcome else None,
+            ),
+            reraise=True,
+        )
+        for attempt in retrying:
+            with attempt:
+                replayed = self._write_once(version, rows, checkpoint)
+        self._next_version = version + 1
+        table = self.table()
+        delta_version = table.version() if table is not None else None
+        if table is not None and not replayed:
+            self._maintain(table)
+        return CommitResult(version, delta_version, rows.num_rows, len(transactions), replayed)
+
+    def _write_once(self, version: int, rows: object, checkpoint: Checkpoint) -> bool:
+        """Write version n once; True when it had landed already (a retried commit)."""
+        table = self.table()
+        landed = table.transaction_version(self._job_id) if table is not None else None
+        if landed is not None and landed >= version:
+            existing = self._checkpoint_at(table, version) if table is not None else None
+            if existing is not None and existing.owner == self._owner:
+                return True
+            raise WriterFenced(
+                f"job {self._job_id} version {version} was committed by another process "
+                f"({existing.owner if existing else 'unknown'}); this one stops writing"
+            )
+        if (landed or 0) != version - 1:
+            raise WriterFenced(
+                f"job {self._job_id} is at version {landed} in {self._uri}, expected "
+                f"{version - 1}: another process writes this job"
+            )
+        write_deltalake(
+            table if table is not None else self._uri,
+            rows,
+            mode="append",
+            partition_by=changelog.PARTITION_COLUMNS,
+            configuration=TABLE_CONFIGURATION if table is None else None,
+            storage_options=self._storage_options if table is None else None,
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(self._job_id, version)],
+                custom_metadata={CHECKPOINT_KEY: to_json(checkpoint)},
+            ),
+        )
+        return False
+
+    def _maintain(self, table: DeltaTable) -> None:
+        delta_version = table.version()
+        if delta_version and delta_version % self._maintenance.compact_every == 0:
+            metrics = table.optimize.compact()
+            self._log.info(
+                "delta_compacted",
+                files_added=metrics.get("numFilesAdded"),
+                files_removed=metrics.get("numFilesRemoved"),
+            )
+            table = self.table() or table
+        if delta_version and delta_version % self._maintenance.log_checkpoint_every == 0:
+            table.create_checkpoint()
+            self._log.info("delta_log_checkpoint", delta_version=table.version())
