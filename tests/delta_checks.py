@@ -1,0 +1,112 @@
+"""Read a change-log table version by version from its Delta log, and check the invariants."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from emulator.workload import CommittedTransaction
+from ingest.checkpoint import Checkpoint, from_json
+from ingest.sink import CHECKPOINT_KEY
+from ingest.timestamps import parse_rfc3339
+
+
+@dataclass
+class Version:
+    number: int
+    operation: str
+    checkpoint: Checkpoint | None
+    rows: list[dict]
+
+
+def read_versions(table: Path) -> list[Version]:
+    versions = []
+    for log_file in sorted((table / "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in log_file.read_text().splitlines() if line]
+        info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+        text = info.get(CHECKPOINT_KEY)
+        rows: list[dict] = []
+        for action in actions:
+            add = action.get("add")
+            if add and add.get("dataChange", True):
+                rows.extend(pq.read_table(table / unquote(add["path"])).to_pylist())
+        versions.append(
+            Version(
+                int(log_file.stem),
+                info.get("operation", ""),
+                from_json(text) if text else None,
+                rows,
+            )
+        )
+    return versions
+
+
+def assert_change_log_invariants(
+    table: Path, committed: list[CommittedTransaction], start_balance_total: int | None = None
+) -> list[Version]:
+    """Exactly once, whole transactions per version, consistent cuts, commit order."""
+    versions = read_versions(table)
+    appends = [v for v in versions if v.operation == "WRITE"]
+    assert [v.checkpoint.version for v in appends if v.checkpoint] == list(
+        range(1, len(appends) + 1)
+    ), "application transaction versions must be 1, 2, 3, ... with no gap or repeat"
+
+    seen_in: dict[str, int] = {}
+    previous_watermark = None
+    previous_max = None
+    balance_delta = 0
+    for version in appends:
+        assert version.checkpoint is not None
+        watermark = version.checkpoint.resume_point.low_watermark
+        stamps = [parse_rfc3339(r["commit_timestamp_text"]) for r in version.rows]
+        for row, stamp in zip(version.rows, stamps, strict=True):
+            tx = row["server_transaction_id"]
+            assert seen_in.setdefault(tx, version.number) == version.number, (
+                f"transaction {tx} spans versions {seen_in[tx]} and {version.number}"
+            )
+            assert stamp <= watermark
+            if previous_watermark is not None:
+                assert stamp > previous_watermark, "row at or below the previous cut"
+        if stamps and previous_max is not None:
+            assert min(stamps) > previous_max, "versions out of commit order"
+        if stamps:
+            previous_max = max(stamps)
+        previous_watermark = watermark
+        for row in version.rows:
+            if row["table_name"] == "accounts" and row["mod_type"] == "UPDATE":
+                new, old = json.loads(row["new_values"]), json.loads(row["old_values"])
+                balance_delta += int(new["balance"]) - int(old["balance"])
+        assert balance_delta == 0, f"version {version.number} is not a consistent cut"
+
+    rows = [row for v in appends for row in v.rows]
+    by_transaction: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_transaction[row["server_transaction_id"]].append(row)
+    for tx, tx_rows in by_transaction.items():
+        keys = Counter((r["record_sequence"], r["mod_index"]) for r in tx_rows)
+        assert max(keys.values()) == 1, f"duplicate rows in transaction {tx}"
+        records = {r["record_sequence"] for r in tx_rows}
+        assert len(records) == tx_rows[0]["number_of_records_in_transaction"], tx
+    landed = Counter(
+        parse_rfc3339(rows[0]["commit_timestamp_text"]) for rows in by_transaction.values()
+    )
+    expected = Counter(t.commit_timestamp for t in committed)
+    missing = expected - landed
+    extra = landed - expected
+    assert not missing and not extra, f"missing {len(missing)}, extra {len(extra)}"
+    mods = Counter(parse_rfc3339(r["commit_timestamp_text"]) for r in rows)
+    for transaction in committed:
+        assert mods[transaction.commit_timestamp] == len(transaction.mods), transaction
+    return versions
+
+
+def table_rows(table: Path) -> pa.Table:
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(table)).to_pyarrow_table()

@@ -1,0 +1,215 @@
+"""The ingest service against the real emulator: crash anywhere, graceful stop, one writer."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from emulator.workload import CommittedTransaction, Workload, WorkloadConfig
+from ingest.timestamps import to_rfc3339
+from tests.checks import start_after_setup
+from tests.delta_checks import assert_change_log_invariants, read_versions, table_rows
+
+BANKING = dict(transfer_weight=1.0, all_types_weight=0.0, cleanup_weight=0.0)
+
+
+class Service:
+    """Starts `python -m ingest run` processes for one job, all logging to one file."""
+
+    def __init__(self, database_id: str, table: Path, log: Path, start: int, **env: str) -> None:
+        self.log = log
+        self.env = {
+            **os.environ,
+            "SPANNER_DATABASE": database_id,
+            "INGEST_TABLE_URI": str(table),
+            "INGEST_START_TIMESTAMP": to_rfc3339(start),
+            "INGEST_CHECKPOINT_INTERVAL_S": "1",
+            "INGEST_LEASE_S": "3",
+            "INGEST_FLUSH_LATENCY_MS": "200",
+            "INGEST_HEARTBEAT_MS": "500",
+            "INGEST_HEALTH_PORT": "0",
+            **env,
+        }
+
+    def start(self) -> subprocess.Popen[bytes]:
+        with self.log.open("ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "ingest", "run"],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def events(self) -> list[dict]:
+        if not self.log.exists():
+            return []
+        lines = self.log.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+    def wait_for(self, event: str, count: int, timeout: float = 60) -> None:
+        """Until the log holds ``count`` events of that name (signals before it race startup)."""
+        deadline = time.monotonic() + timeout
+        while sum(e["event"] == event for e in self.events()) < count:
+            assert time.monotonic() < deadline, f"no {event} #{count} in {timeout} s"
+            time.sleep(0.1)
+
+
+def landed_transactions(table: Path) -> int:
+    if not (table / "_delta_log").exists():
+        return 0
+    return len(set(table_rows(table).column("server_transaction_id").to_pylist()))
+
+
+def wait_until_landed(table: Path, committed: list[CommittedTransaction], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if landed_transactions(table) >= len(committed):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{landed_transactions(table)} of {len(committed)} landed in time")
+
+
+def background_workload(database, seconds: float, rate: float, seed: int):
+    stop = threading.Event()
+    result: list[CommittedTransaction] = []
+    workload = Workload(
+        database,
+        WorkloadConfig(
+            duration_seconds=seconds, transactions_per_second=rate, seed=seed, **BANKING
+        ),
+    )
+    thread = threading.Thread(target=lambda: result.extend(workload.run(stop)))
+    thread.start()
+    return thread, stop, result
+
+
+@pytest.mark.emulator
+def test_kill_9_at_random_moments_keeps_every_invariant(new_database, tmp_path: Path) -> None:
+    seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
+    rng = random.Random(seed)
+    database = new_database("googlesql")
+    table = tmp_path / "changelog"
+    service = Service(database.database_id, table, tmp_path / "ingest.log", start_after_setup())
+    thread, _, committed = background_workload(database, seconds=35, rate=30, seed=seed)
+    kills = 0
+    while kills < 10 or thread.is_alive():
+        process = service.start()
+        time.sleep(rng.uniform(0.5, 5.0))
+        process.kill()
+        process.wait()
+        kills += 1
+    thread.join()
+    started = sum(e["event"] == "ingest_started" for e in service.events())
+    final = service.start()
+    try:
+        service.wait_for("ingest_started", started + 1)
+        wait_until_landed(table, committed, timeout=120)
+        final.send_signal(signal.SIGTERM)
+        assert final.wait(timeout=20) == 0
+    finally:
+        final.kill()
+    versions = assert_change_log_invariants(table, committed)
+    owners = {v.checkpoint.owner for v in versions if v.checkpoint}
+    assert len(owners) >= 5, f"seed {seed}: only {len(owners)} processes committed anything"
+    assert kills >= 10 and len(committed) >= 500, (kills, len(committed))
+
+
+@pytest.mark.emulator
+def test_sigterm_under_load_exits_cleanly_and_restart_loses_nothing(
+    new_database, tmp_path: Path
+) -> None:
+    database = new_database("googlesql")
+    table = tmp_path / "changelog"
+    service = Service(database.database_id, table, tmp_path / "ingest.log", start_after_setup())
+    thread, _, committed = background_workload(database, seconds=12, rate=40, seed=5)
+    process = service.start()
+    service.wait_for("delta_commit", 1)
+    time.sleep(3)
+    began = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=10) == 0
+    stop_seconds = time.monotonic() - began
+    assert stop_seconds < 5, stop_seconds
+    assert any(e["event"] == "ingest_stopped" for e in service.events())
+    restarted = service.start()
+    try:
+        service.wait_for("ingest_started", 2)
+        thread.join()
+        wait_until_landed(table, committed, timeout=60)
+        restarted.send_signal(signal.SIGTERM)
+        assert restarted.wait(timeout=10) == 0
+    finally:
+        restarted.kill()
+    assert_change_log_invariants(table, committed)
+
+
+@pytest.mark.emulator
+def test_second_process_for_the_same_job_stands_by(new_database, tmp_path: Path) -> None:
+    database = new_database("googlesql")
+    table = tmp_path / "changelog"
+    first = Service(
+        database.database_id, table, tmp_path / "first.log", start_after_setup(), INGEST_LEASE_S="4"
+    )
+    second = Service(
+        database.database_id,
+        table,
+        tmp_path / "second.log",
+        start_after_setup(),
+        INGEST_LEASE_S="4",
+    )
+    thread, _, committed = background_workload(database, seconds=16, rate=30, seed=9)
+    primary = first.start()
+    first.wait_for("delta_commit", 1)
+    standby = second.start()
+    try:
+        time.sleep(6)
+        assert any(e["event"] == "standby_waiting_for_lease" for e in second.events())
+        primary_owner = next(e["owner"] for e in first.events() if e["event"] == "ingest_started")
+        owners = {v.checkpoint.owner for v in read_versions(table) if v.checkpoint}
+        assert owners == {primary_owner}, "the standby wrote while the first process lived"
+        primary.kill()
+        primary.wait()
+        thread.join()
+        wait_until_landed(table, committed, timeout=90)
+        second.wait_for("writer_lease_taken_over", 1)
+        standby.send_signal(signal.SIGTERM)
+        assert standby.wait(timeout=10) == 0
+    finally:
+        primary.kill()
+        standby.kill()
+    assert_change_log_invariants(table, committed)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "text"),
+    [
+        ("INGEST_HEARTBEAT_MS", "99", "INGEST_HEARTBEAT_MS='99': expected an integer from 100"),
+        ("INGEST_FLUSH_LATENCY_MS", "soon", "expected an integer from 10 to 3600000"),
+        ("INGEST_START_TIMESTAMP", "yesterday", "not an RFC 3339 timestamp"),
+        ("INGEST_DIALECT", "mysql", "expected one of auto, googlesql, postgresql"),
+        ("SPANNER_CHANGE_STREAM", "a b", "SPANNER_CHANGE_STREAM='a b'"),
+        ("INGEST_LEASE_S", "10", "must be at least twice checkpoint_interval_s"),
+        ("INGEST_CONFIG_FILE", "/nonexistent.toml", "config file /nonexistent.toml"),
+    ],
+)
+def test_bad_configuration_is_one_line_and_exit_2(variable: str, value: str, text: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ingest", "run"],
+        env={**os.environ, variable: value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
+    assert text in result.stderr, result.stderr
