@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint run bench-reader clean
+.PHONY: venv jars test lint run bench-reader clean
 
 venv: $(STAMP)
 
@@ -15,7 +15,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-test: venv
+jars: .jars/.fetched
+
+# Delta jars for Spark, resolved once from Maven Central so nothing downloads at test or run time.
+.jars/.fetched: $(STAMP) pipeline/session.py
+	$(PY) -m pipeline.session fetch .jars
+	touch .jars/.fetched
+
+test: venv jars
 	$(PY) -m ruff check ingest pipeline emulator tests bench
 	$(PY) -m pytest
 
@@ -30,4 +37,4 @@ bench-reader: venv
 	$(PY) bench/reader_throughput.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .jars .pytest_cache .hypothesis build *.egg-info

@@ -35,3 +35,11 @@ def test_compose_file_parses_and_names_real_modules() -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     assert "make test" in (ROOT / "README.md").read_text()
+
+
+def test_readme_configuration_reference_matches_the_code() -> None:
+    from ingest.config import reference
+
+    readme = (ROOT / "README.md").read_text()
+    documented = re.findall(r"^\| `(\w+)` \| `(\w+)` \| `(.*)` \|$", readme, flags=re.M)
+    assert documented == [(n, e, repr(d)) for n, e, d in reference()]

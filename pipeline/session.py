@@ -1,0 +1,94 @@
+"""The Spark session: Delta from jars fetched ahead of time, RocksDB state store, Avro state.
+
+The Delta jars are resolved once (``make jars`` → ``python -m pipeline.session fetch``) into
+``.jars/`` so neither tests nor containers download anything at start. The state store provider,
+the Avro encoding and the shuffle partitions are frozen into a streaming checkpoint on its first
+run, so they are always set here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
+JARS_VARIABLE = "SPARK_DELTA_JARS"
+DEFAULT_JARS_DIR = Path(__file__).resolve().parent.parent / ".jars"
+
+
+def jars_dir() -> Path:
+    return Path(os.environ.get(JARS_VARIABLE, DEFAULT_JARS_DIR))
+
+
+def base_config(shuffle_partitions: int = 4) -> dict[str, str]:
+    return {
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
+        "spark.sql.streaming.stateStore.encodingFormat": "avro",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.ui.enabled": "false",
+    }
+
+
+def build_session(
+    app_name: str = "spanner-cdc",
+    master: str | None = "local[2]",
+    shuffle_partitions: int = 4,
+    extra: Mapping[str, str] | None = None,
+):  # -> pyspark.sql.SparkSession (imported lazily: pyspark is heavy)
+    from pyspark.sql import SparkSession
+
+    jars = sorted(jars_dir().glob("*.jar"))
+    if not jars:
+        raise RuntimeError(f"no Delta jars in {jars_dir()}: run `make jars` first")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    settings = {
+        **base_config(shuffle_partitions),
+        "spark.jars": ",".join(map(str, jars)),
+        **(extra or {}),
+    }
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def fetch_jars(destination: Path) -> list[Path]:
+    """Resolve the Delta package and its dependencies from Maven Central into ``destination``."""
+    from pyspark.sql import SparkSession
+
+    ivy = destination / "ivy"
+    session = (
+        SparkSession.builder.master("local[1]")
+        .config("spark.jars.packages", DELTA_PACKAGE)
+        .config("spark.jars.ivy", str(ivy))
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    session.stop()
+    copied = []
+    for jar in sorted((ivy / "jars").glob("*.jar")):
+        target = destination / jar.name
+        shutil.copy2(jar, target)
+        copied.append(target)
+    return copied
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["fetch"]:
+        sys.exit("usage: python -m pipeline.session fetch [DIR]")
+    target = (Path(sys.argv[2]) if len(sys.argv) > 2 else jars_dir()).resolve()
+    target.mkdir(parents=True, exist_ok=True)
+    fetched = fetch_jars(target)
+    print(f"{len(fetched)} jars in {target}")
