@@ -245,5 +245,6 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
         "ingest_stopped",
         low_watermark=to_rfc3339(reader.assembler.released_watermark),
         commits=batcher.commits,
+        duplicates_dropped=reader.assembler.stats.duplicates_dropped,
     )
     return 0

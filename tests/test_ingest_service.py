@@ -213,3 +213,38 @@ def test_bad_configuration_is_one_line_and_exit_2(variable: str, value: str, tex
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
     assert text in result.stderr, result.stderr
+
+
+@pytest.mark.emulator
+def test_connections_cut_at_random_lose_and_duplicate_nothing(
+    new_database, tmp_path: Path, spanner_emulator: str
+) -> None:
+    from tests.tcp_proxy import chaos_proxy
+
+    database = new_database("googlesql")
+    table = tmp_path / "changelog"
+    with chaos_proxy(spanner_emulator, cut_every=(0.5, 2.0), seed=3) as proxy:
+        service = Service(
+            database.database_id,
+            table,
+            tmp_path / "ingest.log",
+            start_after_setup(),
+            SPANNER_EMULATOR_HOST=proxy.address,
+        )
+        thread, _, committed = background_workload(database, seconds=20, rate=30, seed=13)
+        process = service.start()
+        try:
+            thread.join()
+            wait_until_landed(table, committed, timeout=120)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=20) == 0
+        finally:
+            process.kill()
+        assert proxy.cuts >= 5
+    assert_change_log_invariants(table, committed)
+    # A cut stream is resumed by the client itself or retried by the reader; the emulator replays
+    # resumed streams from their start, so either way the reader must have dropped duplicates.
+    events = service.events()
+    retries = [e for e in events if e["event"] == "partition_query_retry"]
+    [stopped] = [e for e in events if e["event"] == "ingest_stopped"]
+    assert retries or stopped["duplicates_dropped"] > 0
