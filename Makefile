@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv jars test lint run bench-reader clean
+.PHONY: venv jars test lint run bench-reader bench-ingest clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,9 @@ run: venv
 
 bench-reader: venv
 	$(PY) bench/reader_throughput.py
+
+bench-ingest: venv
+	$(PY) bench/ingest_throughput.py
 
 clean:
 	rm -rf $(VENV) .jars .pytest_cache .hypothesis build *.egg-info
