@@ -10,10 +10,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from emulator.server import free_port
 from emulator.workload import CommittedTransaction, Workload, WorkloadConfig
 from ingest.timestamps import to_rfc3339
 from tests.checks import start_after_setup
@@ -129,10 +131,20 @@ def test_sigterm_under_load_exits_cleanly_and_restart_loses_nothing(
 ) -> None:
     database = new_database("googlesql")
     table = tmp_path / "changelog"
-    service = Service(database.database_id, table, tmp_path / "ingest.log", start_after_setup())
+    port = free_port()
+    service = Service(
+        database.database_id,
+        table,
+        tmp_path / "ingest.log",
+        start_after_setup(),
+        INGEST_HEALTH_PORT=str(port),
+    )
     thread, _, committed = background_workload(database, seconds=12, rate=40, seed=5)
     process = service.start()
     service.wait_for("delta_commit", 1)
+    for path in ("/healthz", "/readyz"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            assert response.status == 200, path
     time.sleep(3)
     began = time.monotonic()
     process.send_signal(signal.SIGTERM)
