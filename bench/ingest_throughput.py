@@ -34,7 +34,7 @@ from google.cloud import spanner
 
 from emulator.bootstrap import bootstrap
 from emulator.server import emulator
-from emulator.workload import Workload, WorkloadConfig
+from emulator.workload import Workload, WorkloadConfig, run_in_subprocess
 from ingest import changelog
 from ingest.logs import make_logger
 from ingest.query import ChangeStreamQuery, Dialect
@@ -156,23 +156,7 @@ def latency(flush_ms: int, seconds: float, rate: float) -> None:
         INGEST_HEARTBEAT_MS="100",
     )
     time.sleep(3)
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "emulator.workload",
-            "--database",
-            database.database_id,
-            "--duration",
-            str(seconds),
-            "--rate",
-            str(rate),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    committed = int(run.stderr.split("committed ")[1].split()[0])
+    committed = run_in_subprocess(database.database_id, seconds, rate)
     wait_landed(table, committed)
     process.send_signal(signal.SIGTERM)
     process.wait()

@@ -16,7 +16,6 @@ import argparse
 import io
 import os
 import platform
-import subprocess
 import sys
 import threading
 import time
@@ -29,7 +28,7 @@ from google.cloud import spanner
 
 from emulator.bootstrap import bootstrap
 from emulator.server import emulator
-from emulator.workload import Workload, WorkloadConfig
+from emulator.workload import Workload, WorkloadConfig, run_in_subprocess
 from ingest.logs import make_logger
 from ingest.query import ChangeStreamQuery, Dialect, statement
 from ingest.reader import ChangeStreamReader, ReaderConfig, Release
@@ -127,25 +126,7 @@ def latency(database, heartbeat_ms: int, seconds: float, rate: float) -> dict[st
     thread = threading.Thread(target=reader.run, args=(on_release, stop))
     thread.start()
     time.sleep(2)
-    workload = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "emulator.workload",
-            "--database",
-            database.database_id,
-            "--duration",
-            str(seconds),
-            "--rate",
-            str(rate),
-            "--seed",
-            str(heartbeat_ms),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    committed = int(workload.stderr.split("committed ")[1].split()[0])
+    committed = run_in_subprocess(database.database_id, seconds, rate, heartbeat_ms)
     deadline = time.monotonic() + 60
     while len(released_at) < committed and time.monotonic() < deadline:
         time.sleep(0.1)

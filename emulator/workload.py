@@ -17,6 +17,7 @@ import json
 import os
 import random
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -317,6 +318,30 @@ def committed_to_json(transaction: CommittedTransaction) -> str:
         default=_json_default,
         sort_keys=True,
     )
+
+
+def run_in_subprocess(database_id: str, seconds: float, rate: float, seed: int = 0) -> int:
+    """Run the workload in a process of its own (so it does not share a measured process's GIL);
+    returns how many transactions it committed."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "emulator.workload",
+            "--database",
+            database_id,
+            "--duration",
+            str(seconds),
+            "--rate",
+            str(rate),
+            "--seed",
+            str(seed),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(result.stderr.split("committed ")[1].split()[0])
 
 
 def main(argv: list[str] | None = None) -> int:

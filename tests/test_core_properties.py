@@ -20,6 +20,24 @@ from ingest.records import ChangeRecord, DataChangeRecord, Transaction
 from tests.simulation import Topology, build_topology, records_from
 
 
+def deliver_next(
+    tracker: PartitionTracker,
+    assembler: TransactionAssembler,
+    remaining: dict[str, list[ChangeRecord]],
+    token: str,
+) -> bool:
+    """What the reader's coordinator does with a partition's next event; True when it ended."""
+    if remaining[token]:
+        record = remaining[token].pop(0)
+        tracker.on_record(token, record)
+        if isinstance(record, DataChangeRecord):
+            assembler.add(record)
+        return False
+    del remaining[token]
+    tracker.on_stream_end(token)
+    return True
+
+
 def drive(topology: Topology, data: st.DataObject, with_failures: bool) -> dict:
     streams = topology.records_by_partition()
     tracker = PartitionTracker(topology.start, topology.end, 1000)
@@ -49,14 +67,7 @@ def drive(topology: Topology, data: st.DataObject, with_failures: bool) -> dict:
         action = data.draw(st.sampled_from(choices))
         if action == "restart":
             query(token)
-        elif remaining[token]:
-            record = remaining[token].pop(0)
-            tracker.on_record(token, record)
-            if isinstance(record, DataChangeRecord):
-                assembler.add(record)
-        else:
-            del remaining[token]
-            tracker.on_stream_end(token)
+        elif deliver_next(tracker, assembler, remaining, token):
             finished.add(token)
         raw = tracker.low_watermark()
         if raw is not None:
@@ -148,14 +159,7 @@ def drive_with_crashes(topology: Topology, data: st.DataObject) -> list[Transact
             remaining = {}
             continue
         token = data.draw(st.sampled_from(sorted(remaining)))
-        if remaining[token]:
-            record = remaining[token].pop(0)
-            tracker.on_record(token, record)
-            if isinstance(record, DataChangeRecord):
-                assembler.add(record)
-        else:
-            del remaining[token]
-            tracker.on_stream_end(token)
+        deliver_next(tracker, assembler, remaining, token)
         raw = tracker.low_watermark()
         low_watermark = end if raw is None else raw
         if low_watermark > assembler.released_watermark:
