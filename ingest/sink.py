@@ -126,7 +126,7 @@ class DeltaChangeLogSink:
         rows = changelog.to_arrow(transactions)
         retrying = Retrying(
             retry=retry_if_exception_type((CommitFailedError, OSError)),
-            wait=wait_exponential_jitter(initial=0.05, max=5),
+            wait=wait_exponential_jitter(multiplier=0.05, max=5),
             stop=stop_after_attempt(self._retry_attempts),
             before_sleep=lambda state: self._log.warning(
                 "delta_commit_retry",
