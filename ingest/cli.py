@@ -111,7 +111,6 @@ def tail_argv(
 
 @dataclass(frozen=True)
 class TailRequest:
-    database: object
     source: query.ChangeStreamQuery
     config: ReaderConfig
 
@@ -145,7 +144,7 @@ def prepare_tail(args: argparse.Namespace) -> TailRequest:
         stats_interval_seconds=args.stats_interval_s,
     )
     return TailRequest(
-        database, query.ChangeStreamQuery(database, args.stream, dialect, args.heartbeat_ms), config
+        query.ChangeStreamQuery(database, args.stream, dialect, args.heartbeat_ms), config
     )
 
 

@@ -97,32 +97,36 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
     return parse
 
 
-def _integer(low: int, high: int) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
-        if isinstance(value, bool):
-            raise ValueError("expected an integer")
+def _in_range(
+    convert: Callable[[Any], Any], what: str, low: float, high: float
+) -> Callable[[Any], Any]:
+    message = f"expected {what} from {low} to {high}"
+
+    def parse(value: Any) -> Any:
         try:
-            number = int(value)
+            number = convert(value)
         except (TypeError, ValueError):
-            raise ValueError(f"expected an integer from {low} to {high}") from None
+            raise ValueError(message) from None
         if not low <= number <= high:
-            raise ValueError(f"expected an integer from {low} to {high}")
+            raise ValueError(message)
         return number
 
     return parse
+
+
+def _strict_int(value: Any) -> int:
+    """``int`` that refuses booleans (TOML ``true`` is not a count)."""
+    if isinstance(value, bool):
+        raise TypeError("boolean")
+    return int(value)
+
+
+def _integer(low: int, high: int) -> Callable[[Any], int]:
+    return _in_range(_strict_int, "an integer", low, high)
 
 
 def _seconds(low: float, high: float) -> Callable[[Any], float]:
-    def parse(value: Any) -> float:
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"expected seconds from {low} to {high}") from None
-        if not low <= number <= high:
-            raise ValueError(f"expected seconds from {low} to {high}")
-        return number
-
-    return parse
+    return _in_range(float, "seconds", low, high)
 
 
 def _timestamp(value: Any) -> Nanos | None:

@@ -299,9 +299,6 @@ class PartitionTracker:
     def unfinished(self) -> list[Partition]:
         return list(self._partitions.values())
 
-    def finished_parents(self) -> set[str]:
-        return set(self._finished)
-
     def _get(self, token: str) -> Partition:
         partition = self._partitions.get(token)
         if partition is None:

@@ -159,10 +159,11 @@ class ChangeStreamReader:
         self.tracker = PartitionTracker(
             config.start_timestamp, config.end_timestamp, config.heartbeat_millis, log
         )
-        self.assembler = TransactionAssembler(config.start_timestamp - 1, log)
+        released = config.start_timestamp - 1
         if resume_from is not None:
             self.tracker.restore(resume_from.partitions, resume_from.low_watermark)
-            self.assembler = TransactionAssembler(resume_from.low_watermark, log)
+            released = resume_from.low_watermark
+        self.assembler = TransactionAssembler(released, log)
         self._records_read = 0
         self._slot_warning_logged = False
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from emulator.workload import CommittedTransaction
 from ingest.timestamps import NANOS_PER_SECOND, parse_rfc3339
-from ingest.values import decode_value
+from ingest.values import decode_row
 
 TIMESTAMP_COLUMNS = {"updated_at", "created_at", "col_timestamp"}
 
@@ -44,8 +44,8 @@ def decoded_mods(transaction: dict[str, Any]) -> list[tuple[str, str, dict, dict
     for record in transaction["records"]:
         types = {c["name"]: c["type"] for c in record["column_types"]}
         for mod in record["mods"]:
-            keys = {k: decode_value(types[k], v) for k, v in mod["keys"].items()}
-            values = {k: decode_value(types[k], v) for k, v in mod["new_values"].items()}
+            keys = decode_row(types, mod["keys"])
+            values = decode_row(types, mod["new_values"])
             mods.append((record["table_name"], record["mod_type"], keys, values))
     return mods
 
@@ -88,10 +88,6 @@ def assert_matches_committed(
                 if truncated_timestamps and column in TIMESTAMP_COLUMNS and value is not None:
                     expected = emulator_timestamp(value)
                 assert matches[0][column] == expected, (column, written, matches[0])
-
-
-def partition_events(log_lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e for e in log_lines if "partition_token" in e or e.get("event") == "partition_created"]
 
 
 def assert_partition_lineage(log_lines: list[dict[str, Any]]) -> dict[str, int]:

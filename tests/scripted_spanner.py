@@ -24,7 +24,7 @@ from google.protobuf import json_format, struct_pb2
 
 from ingest.encoding import canonical_json
 from ingest.partitions import INITIAL_PARTITION
-from ingest.records import ChangeRecord, ChildPartitionsRecord, DataChangeRecord, HeartbeatRecord
+from ingest.records import ChangeRecord, ChildPartitionsRecord, HeartbeatRecord
 from ingest.timestamps import Nanos, parse_rfc3339, to_rfc3339
 from tests.simulation import records_from
 
@@ -164,11 +164,6 @@ class Script:
     honor_resume_tokens: bool = True
 
 
-def _param(request: Any, name: str) -> Any:
-    value = request.params[name]
-    return None if value is None else value
-
-
 class ScriptedChangeStreamServicer(SpannerServicer):
     def __init__(self, script: Script) -> None:
         super().__init__()
@@ -215,7 +210,3 @@ def start_server(script: Script) -> tuple[grpc.Server, ScriptedChangeStreamServi
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     return server, servicer, port
-
-
-def data_records(streams: dict[str, list[ChangeRecord]]) -> int:
-    return sum(isinstance(r, DataChangeRecord) for s in streams.values() for r in s)
