@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from emulator.workload import CommittedTransaction
-from ingest.timestamps import NANOS_PER_SECOND, parse_rfc3339
+from ingest.timestamps import NANOS_PER_SECOND, parse_rfc3339, to_rfc3339
 from ingest.values import decode_row
 
 TIMESTAMP_COLUMNS = {"updated_at", "created_at", "col_timestamp"}
@@ -50,6 +50,15 @@ def decoded_mods(transaction: dict[str, Any]) -> list[tuple[str, str, dict, dict
     return mods
 
 
+def describe_stamps(stamps: Counter[int], committed: list[CommittedTransaction]) -> list[str]:
+    """Where each missing commit sits in the workload, to tell a lost tail from a lost middle."""
+    order = sorted(t.commit_timestamp for t in committed)
+    return [
+        f"{to_rfc3339(stamp)} (#{order.index(stamp) + 1} of {len(order)})"
+        for stamp in sorted(stamps)
+    ]
+
+
 def assert_matches_committed(
     printed: list[dict[str, Any]],
     committed: list[CommittedTransaction],
@@ -69,8 +78,11 @@ def assert_matches_committed(
     for transaction, stamp in zip(printed, stamps, strict=True):
         by_timestamp[stamp].append(transaction)
     expected_stamps = Counter(t.commit_timestamp for t in committed)
-    assert Counter(stamps) == expected_stamps, (
-        f"printed {len(printed)} transactions, committed {len(committed)}"
+    missing = expected_stamps - Counter(stamps)
+    extra = Counter(stamps) - expected_stamps
+    assert not missing and not extra, (
+        f"printed {len(printed)} transactions, committed {len(committed)}; "
+        f"missing {describe_stamps(missing, committed)}; extra {sorted(extra)}"
     )
     for transaction in committed:
         [candidate] = by_timestamp[transaction.commit_timestamp]
