@@ -81,14 +81,14 @@ ENVIRONMENT = {
 }
 
 
-def _identifier(value: Any) -> str:
+def identifier(value: Any) -> str:
     text = str(value)
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_\-]*", text):
         raise ValueError("expected letters, digits, '_' or '-', starting with a letter")
     return text
 
 
-def _choice(*allowed: str) -> Callable[[Any], str]:
+def choice(*allowed: str) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
         if str(value) not in allowed:
             raise ValueError(f"expected one of {', '.join(allowed)}")
@@ -97,7 +97,7 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
     return parse
 
 
-def _in_range(
+def in_range(
     convert: Callable[[Any], Any], what: str, low: float, high: float
 ) -> Callable[[Any], Any]:
     message = f"expected {what} from {low} to {high}"
@@ -114,19 +114,19 @@ def _in_range(
     return parse
 
 
-def _strict_int(value: Any) -> int:
+def strict_int(value: Any) -> int:
     """``int`` that refuses booleans (TOML ``true`` is not a count)."""
     if isinstance(value, bool):
         raise TypeError("boolean")
     return int(value)
 
 
-def _integer(low: int, high: int) -> Callable[[Any], int]:
-    return _in_range(_strict_int, "an integer", low, high)
+def integer(low: int, high: int) -> Callable[[Any], int]:
+    return in_range(strict_int, "an integer", low, high)
 
 
-def _seconds(low: float, high: float) -> Callable[[Any], float]:
-    return _in_range(float, "seconds", low, high)
+def seconds(low: float, high: float) -> Callable[[Any], float]:
+    return in_range(float, "seconds", low, high)
 
 
 def _timestamp(value: Any) -> Nanos | None:
@@ -136,62 +136,73 @@ def _timestamp(value: Any) -> Nanos | None:
     return parse_rfc3339(text)
 
 
-def _non_empty(value: Any) -> str:
+def non_empty(value: Any) -> str:
     if not str(value).strip():
         raise ValueError("must not be empty")
     return str(value)
 
 
 def _job_id(value: Any) -> str:
-    return "" if str(value) == "" else _identifier(value)
+    return "" if str(value) == "" else identifier(value)
 
 
 PARSERS: dict[str, Callable[[Any], Any]] = {
-    "project": _non_empty,
-    "instance": _identifier,
-    "database": _identifier,
-    "stream": _identifier,
-    "dialect": _choice("auto", "googlesql", "postgresql"),
-    "heartbeat_ms": _integer(MIN_HEARTBEAT_MILLIS, MAX_HEARTBEAT_MILLIS),
+    "project": non_empty,
+    "instance": identifier,
+    "database": identifier,
+    "stream": identifier,
+    "dialect": choice("auto", "googlesql", "postgresql"),
+    "heartbeat_ms": integer(MIN_HEARTBEAT_MILLIS, MAX_HEARTBEAT_MILLIS),
     "start_timestamp": _timestamp,
-    "table_uri": _non_empty,
+    "table_uri": non_empty,
     "job_id": _job_id,
-    "memory_budget_mb": _integer(1, 1 << 20),
-    "flush_latency_ms": _integer(10, 3_600_000),
-    "max_batch_rows": _integer(1, 100_000_000),
-    "checkpoint_interval_s": _seconds(0.1, 86_400),
-    "lease_s": _seconds(1, 86_400),
-    "health_port": _integer(0, 65_535),
-    "readiness_s": _seconds(1, 86_400),
-    "stats_interval_s": _seconds(0.1, 86_400),
-    "max_concurrent_partitions": _integer(1, 100_000),
-    "log_level": _choice("debug", "info", "warning", "error"),
+    "memory_budget_mb": integer(1, 1 << 20),
+    "flush_latency_ms": integer(10, 3_600_000),
+    "max_batch_rows": integer(1, 100_000_000),
+    "checkpoint_interval_s": seconds(0.1, 86_400),
+    "lease_s": seconds(1, 86_400),
+    "health_port": integer(0, 65_535),
+    "readiness_s": seconds(1, 86_400),
+    "stats_interval_s": seconds(0.1, 86_400),
+    "max_concurrent_partitions": integer(1, 100_000),
+    "log_level": choice("debug", "info", "warning", "error"),
 }
 
 
-def load(environ: Mapping[str, str] | None = None, file: str | None = None) -> ServiceConfig:
-    environ = os.environ if environ is None else environ
+def load_options(
+    cls: type[Any],
+    parsers: Mapping[str, Callable[[Any], Any]],
+    environment: Mapping[str, str],
+    environ: Mapping[str, str],
+    path: str | None,
+) -> Any:
+    """Defaults of ``cls``, then the TOML file at ``path``, then the environment; one-line errors."""
     values: dict[str, Any] = {}
-    path = file or environ.get(CONFIG_FILE_VARIABLE)
     if path:
         try:
             document = tomllib.loads(Path(path).read_text())
         except (OSError, tomllib.TOMLDecodeError) as error:
             raise ConfigError(f"config file {path}: {error}") from None
-        unknown = sorted(set(document) - set(PARSERS))
+        unknown = sorted(set(document) - set(parsers))
         if unknown:
             raise ConfigError(f"config file {path}: unknown option {unknown[0]!r}")
         values.update({name: (value, f"{path}: {name}") for name, value in document.items()})
-    for name, variable in ENVIRONMENT.items():
+    for name, variable in environment.items():
         if variable in environ:
             values[name] = (environ[variable], variable)
     parsed = {}
     for name, (value, source) in values.items():
         try:
-            parsed[name] = PARSERS[name](value)
+            parsed[name] = parsers[name](value)
         except ValueError as error:
             raise ConfigError(f"{source}={value!r}: {error}") from None
-    config = ServiceConfig(**parsed)
+    return cls(**parsed)
+
+
+def load(environ: Mapping[str, str] | None = None, file: str | None = None) -> ServiceConfig:
+    environ = os.environ if environ is None else environ
+    path = file or environ.get(CONFIG_FILE_VARIABLE)
+    config = load_options(ServiceConfig, PARSERS, ENVIRONMENT, environ, path)
     if config.lease_s < 2 * config.checkpoint_interval_s:
         raise ConfigError(
             f"lease_s ({config.lease_s}) must be at least twice checkpoint_interval_s "

@@ -93,7 +93,7 @@ def live_read_omissions(
             ranges[token] = [parse_rfc3339(event["query_start_timestamp"]), None]
         elif event.get("event") == "partition_finished" and token in ranges:
             ranges[token][1] = parse_rfc3339(event["watermark"])
-    query = ChangeStreamQuery(database, "all_changes", Dialect.GOOGLE_SQL, 1000)
+    query = ChangeStreamQuery(database, "all_changes", Dialect.GOOGLE_STANDARD_SQL, 1000)
     found = []
     for token, (start, end) in ranges.items():
         relevant = [m for m in missing if end is not None and start <= m <= end]

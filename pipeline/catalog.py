@@ -1,0 +1,44 @@
+"""What the change log says about the captured tables, read with deltalake (no Spark needed).
+
+The compatibility check runs before Spark starts, so the table shapes it needs come from here.
+"""
+
+from __future__ import annotations
+
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from ingest.checkpoint import from_json
+from ingest.sink import CHECKPOINT_KEY
+from ingest.timestamps import Nanos
+from pipeline.types import TableShape, merge_shapes
+
+
+def discover_shapes(changelog_uri: str) -> dict[str, TableShape]:
+    """Every table in the change log with the union of its columns, newest types winning."""
+    try:
+        table = DeltaTable(changelog_uri)
+    except TableNotFoundError:
+        return {}
+    scanned = table.to_pyarrow_dataset().to_table(
+        columns=["table_name", "column_types", "commit_timestamp_text"]
+    )
+    if scanned.num_rows == 0:
+        return {}
+    grouped = scanned.group_by(["table_name", "column_types"]).aggregate(
+        [("commit_timestamp_text", "min")]
+    )
+    order = pc.sort_indices(grouped, sort_keys=[("commit_timestamp_text_min", "ascending")])
+    grouped = grouped.take(order)
+    names, column_types = grouped["table_name"].to_pylist(), grouped["column_types"].to_pylist()
+    return merge_shapes(list(zip(names, column_types, strict=True)))
+
+
+def watermark_at(changelog_uri: str, version: int) -> Nanos | None:
+    """The low watermark W recorded by the newest commit at or below ``version``."""
+    table = DeltaTable(changelog_uri)
+    for commit in table.history():
+        if commit.get("version", -1) <= version and CHECKPOINT_KEY in commit:
+            return from_json(commit[CHECKPOINT_KEY]).resume_point.low_watermark
+    return None

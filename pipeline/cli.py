@@ -1,0 +1,133 @@
+"""Command line: ``python -m pipeline run`` keeps the mirror tables; ``python -m pipeline
+check-state-schema`` says whether the next deployment's state schemas may run on the checkpoint.
+
+A bad option or a refused state schema change ends with one ``error:`` line on stderr and exit 2;
+a failure while running exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import NoReturn
+
+from ingest.config import ConfigError
+from ingest.logs import make_logger
+from pipeline import config as config_module
+from pipeline.checkpoint import CheckpointInUse
+from pipeline.job import PipelineFailed
+from pipeline.state_schema import StateSchemaError
+
+EXIT_RUNTIME_ERROR = 1
+EXIT_BAD_INPUT = 2
+OPTION_FLAGS = {
+    "changelog": "changelog_uri",
+    "mirrors": "mirror_root",
+    "checkpoint": "checkpoint_uri",
+    "trigger": "trigger",
+    "master": "master",
+    "confirmed_drops": "confirmed_drops",
+}
+
+
+class UsageError(ValueError):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m pipeline", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, text in (
+        ("run", "run the streaming job"),
+        ("check-state-schema", "check the state schemas against the recorded ones"),
+    ):
+        command = commands.add_parser(name, help=text)
+        command.add_argument("--config", help="TOML file (also PIPELINE_CONFIG_FILE)")
+        for flag in OPTION_FLAGS:
+            command.add_argument(f"--{flag.replace('_', '-')}", dest=flag)
+    return parser
+
+
+def load_config(arguments: argparse.Namespace) -> config_module.PipelineConfig:
+    environ = dict(os.environ)
+    for flag, option in OPTION_FLAGS.items():
+        value = getattr(arguments, flag)
+        if value is not None:
+            environ[config_module.ENVIRONMENT[option]] = value
+    return config_module.load(environ, arguments.config)
+
+
+def check_state_schema(config: config_module.PipelineConfig) -> int:
+    from pipeline.catalog import discover_shapes
+    from pipeline.state_schema import Limits, SchemaRegistry, check_evolution, state_schemas
+
+    schemas = state_schemas(discover_shapes(config.changelog_uri))
+    evolution = check_evolution(
+        SchemaRegistry(config.checkpoint_uri).history(),
+        schemas,
+        config.confirmed_drop_set,
+        Limits(config.max_evolutions_per_variable, config.max_evolutions_per_query),
+    )
+    print(
+        "ok: "
+        + (
+            f"added variables {list(evolution.added_variables)}, "
+            f"removed {list(evolution.removed_variables)}, "
+            f"changed {list(evolution.changed_variables)}"
+            if evolution.is_change
+            else "no state schema change"
+        )
+    )
+    return 0
+
+
+def run(config: config_module.PipelineConfig) -> int:
+    from pipeline.job import run_pipeline, spark_settings
+    from pipeline.session import build_session
+
+    log = make_logger(sys.stdout, config.log_level).bind(component="pipeline")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    stats = run_pipeline(
+        config,
+        log,
+        stop,
+        lambda: build_session(
+            f"spanner-mirrors-{config.job_id}",
+            master=config.master or None,
+            shuffle_partitions=config.shuffle_partitions,
+            extra=spark_settings(config),
+        ),
+    )
+    log.info(
+        "pipeline_stopped",
+        batches=stats.batches,
+        rows_merged=stats.rows_merged,
+        restarts=stats.restarts,
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        arguments = build_parser().parse_args(argv)
+        config = load_config(arguments)
+        if arguments.command == "check-state-schema":
+            return check_state_schema(config)
+        return run(config)
+    except (UsageError, ConfigError, StateSchemaError, CheckpointInUse) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except PipelineFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_RUNTIME_ERROR

@@ -1,0 +1,85 @@
+"""Configuration of the pipeline job: defaults, then an optional TOML file, then environment.
+
+Paths are local paths or object store URIs (``s3a://``, ``gs://``, ``abfss://``) that Spark's
+Hadoop file systems understand; the defaults match the ingest service's defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ingest.config import choice, identifier, integer, load_options, non_empty, seconds
+
+CONFIG_FILE_VARIABLE = "PIPELINE_CONFIG_FILE"
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    changelog_uri: str = "./data/changelog"
+    mirror_root: str = "./data/mirrors"
+    """One Delta mirror table per Spanner table under this root, named after the table."""
+    checkpoint_uri: str = "./data/pipeline-checkpoint"
+    job_id: str = "spanner-mirrors"
+    """Application id of the mirror tables' idempotent MERGE commits."""
+    trigger: str = "continuous"
+    """continuous: a batch every trigger_interval_s; available-now: process what is there, stop."""
+    trigger_interval_s: float = 1.0
+    master: str = "local[*]"
+    """Spark master; empty leaves it to spark-submit."""
+    shuffle_partitions: int = 8
+    """Frozen into the checkpoint on its first run."""
+    tombstone_ttl_s: float = 86_400.0
+    max_evolutions_per_variable: int = 16
+    max_evolutions_per_query: int = 128
+    confirmed_drops: str = ""
+    """Comma-separated variable.field pairs whose removal next to a same-typed addition is meant."""
+    max_restarts: int = 5
+    """Query restarts in a row (schema changes, conflicts) before the job gives up."""
+    lock_stale_s: float = 60.0
+    log_level: str = "info"
+
+    @property
+    def confirmed_drop_set(self) -> frozenset[str]:
+        return frozenset(p.strip() for p in self.confirmed_drops.split(",") if p.strip())
+
+
+ENVIRONMENT = {f.name: f"PIPELINE_{f.name.upper()}" for f in fields(PipelineConfig)}
+
+
+def _confirmed_drops(value: Any) -> str:
+    for pair in str(value).split(","):
+        if pair.strip() and pair.strip().count(".") != 1:
+            raise ValueError("expected variable.field pairs separated by commas")
+    return str(value)
+
+
+PARSERS = {
+    "changelog_uri": non_empty,
+    "mirror_root": non_empty,
+    "checkpoint_uri": non_empty,
+    "job_id": identifier,
+    "trigger": choice("continuous", "available-now"),
+    "trigger_interval_s": seconds(0, 86_400),
+    "master": str,
+    "shuffle_partitions": integer(1, 10_000),
+    "tombstone_ttl_s": seconds(1, 365 * 86_400),
+    "max_evolutions_per_variable": integer(1, 10_000),
+    "max_evolutions_per_query": integer(1, 100_000),
+    "confirmed_drops": _confirmed_drops,
+    "max_restarts": integer(0, 1_000),
+    "lock_stale_s": seconds(5, 86_400),
+    "log_level": choice("debug", "info", "warning", "error"),
+}
+
+
+def load(environ: Mapping[str, str] | None = None, file: str | None = None) -> PipelineConfig:
+    environ = os.environ if environ is None else environ
+    path = file or environ.get(CONFIG_FILE_VARIABLE)
+    return load_options(PipelineConfig, PARSERS, ENVIRONMENT, environ, path)
+
+
+def reference() -> list[tuple[str, str, object]]:
+    return [(f.name, ENVIRONMENT[f.name], f.default) for f in fields(PipelineConfig)]

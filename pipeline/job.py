@@ -1,0 +1,215 @@
+"""The streaming job: change log → transformWithState → MERGE into mirrors, restarted on evolution.
+
+Each start: learn the table shapes from the change log, derive the state schemas, check them
+against the recorded ones (refusals stop here, before Spark starts), record them, bring the mirror
+tables up to the shapes, undo a failed batch's schema files, start the query. When the processor
+meets a table or column the running schemas lack, its batch fails without committing anything;
+the job then evolves (an allowed evolution) and restarts on the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from pipeline.catalog import discover_shapes
+from pipeline.checkpoint import CheckpointLock, checkpoint_id, roll_back_uncommitted_batch
+from pipeline.config import PipelineConfig
+from pipeline.mirror import ensure_mirror, mirror_uri, write_batch
+from pipeline.processor import (
+    INPUT_COLUMNS,
+    SOURCE_SCHEMA_CHANGED,
+    STATE_ROUNDTRIP_MISMATCH,
+    ChangeApplier,
+    output_schema,
+)
+from pipeline.state_schema import (
+    Deployment,
+    Limits,
+    SchemaRegistry,
+    check_evolution,
+    state_schemas,
+)
+from pipeline.types import TableShape
+
+Logger = structlog.typing.FilteringBoundLogger
+RESTART_MARKERS = (SOURCE_SCHEMA_CHANGED, STATE_ROUNDTRIP_MISMATCH, "ConcurrentAppendException")
+
+
+class PipelineFailed(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one start of the query runs with."""
+
+    shapes: dict[str, TableShape]
+    deployment: Deployment
+    deleted_variables: tuple[str, ...]
+    guarded_fields: dict[str, tuple[str, ...]]
+
+
+def plan_deployment(config: PipelineConfig, log: Logger) -> Plan:
+    """Shapes, checked and recorded state schemas; StateSchemaError when a rule is broken."""
+    shapes = discover_shapes(config.changelog_uri)
+    schemas = state_schemas(shapes)
+    registry = SchemaRegistry(config.checkpoint_uri)
+    evolution = check_evolution(
+        registry.history(),
+        schemas,
+        config.confirmed_drop_set,
+        Limits(config.max_evolutions_per_variable, config.max_evolutions_per_query),
+    )
+    deployment = registry.record(schemas, evolution.removed_variables)
+    if evolution.is_change:
+        log.info(
+            "state_schema_evolved",
+            deployment=deployment.number,
+            added_variables=list(evolution.added_variables),
+            removed_variables=list(evolution.removed_variables),
+            changed_variables=list(evolution.changed_variables),
+        )
+    history = registry.history()
+    guarded = {}
+    if len(history) > 1:
+        before, after = history[-2].schemas, history[-1].schemas
+        for name, struct in after.items():
+            if name in before:
+                added = tuple(f for f in struct.fieldNames() if f not in before[name].fieldNames())
+                if added:
+                    guarded[name] = added
+    return Plan(shapes, deployment, deployment.deleted, guarded)
+
+
+@dataclass(slots=True)
+class JobStats:
+    batches: int = 0
+    rows_merged: int = 0
+    restarts: int = 0
+    evolutions: int = 0
+    last_batch_seconds: list[float] = field(default_factory=list)
+
+
+def spark_settings(config: PipelineConfig) -> dict[str, str]:
+    """Settings the job needs in its session.
+
+    No-data batches are off: in ProcessingTime mode transformWithState would otherwise run one
+    every trigger forever (and ``availableNow`` would never end); tombstone TTLs expire on the
+    next batch with data instead.
+    """
+    return {
+        "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+        "spark.sql.streaming.stateStore.valueStateSchemaEvolutionThreshold": str(
+            config.max_evolutions_per_variable
+        ),
+        "spark.sql.streaming.stateStore.maxNumStateSchemaFiles": str(
+            config.max_evolutions_per_query
+        ),
+    }
+
+
+def start_query(spark: Any, config: PipelineConfig, plan: Plan, stats: JobStats, log: Logger):
+    processor = ChangeApplier(
+        plan.shapes,
+        plan.deleted_variables,
+        plan.guarded_fields,
+        int(config.tombstone_ttl_s * 1000),
+    )
+    changes = spark.readStream.format("delta").load(config.changelog_uri).select(*INPUT_COLUMNS)
+    applied = changes.groupBy("table_name", "keys").transformWithState(
+        processor, output_schema(plan.shapes), "Update", "ProcessingTime"
+    )
+    app_ids: dict[str, str] = {}
+
+    def land(batch: Any, batch_id: int) -> None:
+        started = time.monotonic()
+        if "id" not in app_ids:
+            app_ids["id"] = f"{config.job_id}:{checkpoint_id(config.checkpoint_uri)}"
+        counts = write_batch(batch, batch_id, plan.shapes, config.mirror_root, app_ids["id"], log)
+        seconds = time.monotonic() - started
+        stats.batches += 1
+        stats.rows_merged += sum(counts.values())
+        stats.last_batch_seconds.append(seconds)
+        log.info("pipeline_batch", batch_id=batch_id, rows=counts, seconds=round(seconds, 3))
+
+    writer = (
+        applied.writeStream.foreachBatch(land)
+        .option("checkpointLocation", config.checkpoint_uri)
+        .queryName(config.job_id)
+    )
+    if config.trigger == "available-now":
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{config.trigger_interval_s} seconds")
+    return writer.start()
+
+
+def _await(query: Any, stop: threading.Event) -> BaseException | None:
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        while not stop.is_set():
+            if query.awaitTermination(0.5):
+                return None
+        query.stop()
+        return None
+    except StreamingQueryException as error:
+        return error
+
+
+def run_pipeline(
+    config: PipelineConfig,
+    log: Logger,
+    stop: threading.Event,
+    session_factory: Callable[[], Any],
+) -> JobStats:
+    """Run until stopped (continuous) or until the change log is processed (available-now)."""
+    stats = JobStats()
+    with CheckpointLock(config.checkpoint_uri, config.lock_stale_s, f"pipeline {config.job_id}"):
+        spark = None
+        while not stop.is_set():
+            plan = plan_deployment(config, log)
+            if not plan.shapes:
+                if config.trigger == "available-now":
+                    log.info("pipeline_no_changes", changelog=config.changelog_uri)
+                    return stats
+                stop.wait(config.trigger_interval_s or 1.0)
+                continue
+            spark = spark or session_factory()
+            for table, shape in plan.shapes.items():
+                ensure_mirror(spark, mirror_uri(config.mirror_root, table), shape, log)
+            undone = roll_back_uncommitted_batch(config.checkpoint_uri)
+            if undone:
+                log.warning("uncommitted_batch_schema_files_removed", files=len(undone))
+            query = start_query(spark, config, plan, stats, log)
+            log.info(
+                "pipeline_query_started",
+                tables=sorted(plan.shapes),
+                deployment=plan.deployment.number,
+                guarded_fields={k: list(v) for k, v in plan.guarded_fields.items()},
+            )
+            error = _await(query, stop)
+            if error is None:
+                break
+            reason = next((m for m in RESTART_MARKERS if m in str(error)), None)
+            if reason is None or stats.restarts >= config.max_restarts:
+                raise PipelineFailed(_first_line(error)) from error
+            stats.restarts += 1
+            stats.evolutions += reason == SOURCE_SCHEMA_CHANGED
+            log.warning("pipeline_query_restarting", reason=reason, restarts=stats.restarts)
+    return stats
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error)
+    for line in text.splitlines():
+        for marker in RESTART_MARKERS:
+            if marker in line:
+                return line.strip()
+    return text.splitlines()[0] if text else type(error).__name__

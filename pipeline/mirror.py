@@ -1,0 +1,173 @@
+"""Delta mirror tables: one per Spanner table, kept equal to it by an idempotent MERGE per batch.
+
+Idempotent: each MERGE carries the application transaction (job id and checkpoint id, batch id)
+through Delta's ``txnAppId``/``txnVersion`` session settings, so a batch replayed after a crash is
+skipped by Delta. Narrow: the MERGE condition names the batch's keys as literals, so the files it
+reads are only those that may hold them, and a concurrent compaction of other files does not
+conflict (seed 001). A conflict that does happen left nothing committed; it is retried.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+import structlog
+from pyspark.sql import Column as SparkColumn
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from pipeline.processor import OPERATION
+from pipeline.state_schema import row_variable
+from pipeline.types import TableShape
+
+Logger = structlog.typing.FilteringBoundLogger
+RETRYABLE_CONFLICTS = ("ConcurrentAppendException", "ConcurrentDeleteReadException")
+LITERAL_KEYS_LIMIT = 1000
+"""Up to this many keys the condition lists them; beyond, it bounds the first key column."""
+
+
+def mirror_uri(mirror_root: str, table: str) -> str:
+    return f"{mirror_root.rstrip('/')}/{table}"
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def ensure_mirror(spark: SparkSession, uri: str, shape: TableShape, log: Logger) -> None:
+    """Create the mirror, add new columns, and rewrite columns whose type changed (STRING↔BYTES).
+
+    Delta cannot retype a column in place for string↔binary; the mirror is rewritten with the
+    cast values. Either change is a metadata change: concurrent readers of the mirror fail once and
+    must be restarted (seed 001).
+    """
+    from delta.tables import DeltaTable
+
+    wanted = shape.struct()
+    if not DeltaTable.isDeltaTable(spark, uri):
+        spark.createDataFrame([], wanted).write.format("delta").save(uri)
+        log.info("mirror_created", table=shape.name, uri=uri, columns=len(wanted.fields))
+        return
+    current = spark.read.format("delta").load(uri).schema
+    existing = {f.name: f.dataType for f in current.fields}
+    retyped = [f for f in wanted.fields if f.name in existing and existing[f.name] != f.dataType]
+    if retyped:
+        data = spark.read.format("delta").load(uri)
+        casts = [
+            F.col(_quoted(f.name)).cast(f.dataType).alias(f.name)
+            if f in retyped
+            else F.col(_quoted(f.name))
+            for f in wanted.fields
+            if f.name in existing
+        ]
+        data.select(*casts).write.format("delta").mode("overwrite").option(
+            "overwriteSchema", "true"
+        ).save(uri)
+        log.info("mirror_columns_retyped", table=shape.name, columns=[f.name for f in retyped])
+    added = [f for f in wanted.fields if f.name not in existing]
+    if added:
+        columns = ", ".join(f"{_quoted(f.name)} {f.dataType.simpleString()}" for f in added)
+        spark.sql(f"ALTER TABLE delta.{_quoted(uri)} ADD COLUMNS ({columns})")
+        log.info("mirror_columns_added", table=shape.name, columns=[f.name for f in added])
+
+
+def _narrowing_condition(source: DataFrame, shape: TableShape) -> SparkColumn:
+    first = shape.key_columns[0].name
+    values = [r[0] for r in source.select(first).distinct().limit(LITERAL_KEYS_LIMIT + 1).collect()]
+    target = F.col(f"t.{_quoted(first)}")
+    if len(values) <= LITERAL_KEYS_LIMIT and None not in values:
+        return target.isin(values)
+    bounds = source.agg(F.min(_quoted(first)), F.max(_quoted(first))).first()
+    return target.isNull() | target.between(bounds[0], bounds[1])
+
+
+def merge_into_mirror(
+    spark: SparkSession,
+    uri: str,
+    shape: TableShape,
+    changes: DataFrame,
+    app_id: str,
+    batch_id: int,
+) -> None:
+    from delta.tables import DeltaTable
+
+    struct_field = row_variable(shape.name)
+    source = changes.where(F.col("table_name") == shape.name).select(
+        F.col(OPERATION), F.col(f"{_quoted(struct_field)}.*")
+    )
+    keys = [c.name for c in shape.key_columns]
+    matches = functools.reduce(
+        lambda left, right: left & right,
+        [F.col(f"t.{_quoted(k)}").eqNullSafe(F.col(f"s.{_quoted(k)}")) for k in keys],
+    )
+    condition = matches & _narrowing_condition(source, shape)
+    upsert = F.col(f"s.{OPERATION}") == "UPSERT"
+    values = {_quoted(f.name): F.col(f"s.{_quoted(f.name)}") for f in shape.struct().fields}
+    spark.conf.set("spark.databricks.delta.write.txnAppId", app_id)
+    spark.conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
+    try:
+        (
+            DeltaTable.forPath(spark, uri)
+            .alias("t")
+            .merge(source.alias("s"), condition)
+            .whenMatchedDelete(condition=F.col(f"s.{OPERATION}") == "DELETE")
+            .whenMatchedUpdate(condition=upsert, set=values)
+            .whenNotMatchedInsert(condition=upsert, values=values)
+            .execute()
+        )
+    finally:
+        spark.conf.unset("spark.databricks.delta.write.txnAppId")
+        spark.conf.unset("spark.databricks.delta.write.txnVersion")
+
+
+def _is_retryable_conflict(error: BaseException) -> bool:
+    text = f"{type(error).__name__}: {error}"
+    return any(name in text for name in RETRYABLE_CONFLICTS)
+
+
+def write_batch(
+    changes: DataFrame,
+    batch_id: int,
+    shapes: Mapping[str, TableShape],
+    mirror_root: str,
+    app_id: str,
+    log: Logger,
+) -> dict[str, int]:
+    """MERGE one micro-batch of processor output into every mirror it touches; rows per table."""
+    spark = changes.sparkSession
+    changes = changes.persist()
+    try:
+        counts = {
+            r["table_name"]: r["count"] for r in changes.groupBy("table_name").count().collect()
+        }
+        for table in sorted(counts):
+            for attempt in Retrying(
+                retry=retry_if_exception(_is_retryable_conflict),
+                stop=stop_after_attempt(5),
+                wait=wait_exponential_jitter(initial=0.2, max=5),
+                before_sleep=lambda state, table=table: log.warning(
+                    "mirror_merge_retry",
+                    table=table,
+                    batch_id=batch_id,
+                    cause=str(state.outcome.exception())[:200] if state.outcome else None,
+                ),
+                reraise=True,
+            ):
+                with attempt:
+                    merge_into_mirror(
+                        spark,
+                        mirror_uri(mirror_root, table),
+                        shapes[table],
+                        changes,
+                        app_id,
+                        batch_id,
+                    )
+        return counts
+    finally:
+        changes.unpersist()
+
+
+def read_mirror(spark: SparkSession, mirror_root: str, table: str) -> DataFrame:
+    return spark.read.format("delta").load(mirror_uri(mirror_root, table))

@@ -1,0 +1,216 @@
+"""The stateful processor: per (table, primary key), apply change-log rows to the current row image.
+
+Rows of one key are applied in change-log order; any row at or before the last applied position
+(a replayed change-log version, an older change) is ignored, including after a delete, whose
+position stays in a tombstone with a TTL. One output row per key and micro-batch carries the
+final image (UPSERT) or the key alone (DELETE) for the mirror MERGE.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pyspark.sql import Row
+from pyspark.sql import types as T
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
+
+from ingest.records import sequence_key
+from pipeline.state_schema import (
+    CHANGE_STATS,
+    LAST_APPLIED,
+    TOMBSTONE,
+    row_variable,
+)
+from pipeline.types import Column, TableShape, parse_column_types, spark_value
+
+SOURCE_SCHEMA_CHANGED = "SOURCE_SCHEMA_CHANGED"
+STATE_ROUNDTRIP_MISMATCH = "STATE_ROUNDTRIP_MISMATCH"
+OPERATION = "_cdc_operation"
+INPUT_COLUMNS = [
+    "table_name",
+    "keys",
+    "commit_timestamp",
+    "commit_timestamp_text",
+    "server_transaction_id",
+    "record_sequence",
+    "mod_index",
+    "mod_type",
+    "new_values",
+    "column_types",
+]
+
+
+class SourceSchemaChanged(RuntimeError):
+    """A change-log row has a table or column the running state schema lacks: evolve, restart."""
+
+
+class StateRoundTripMismatch(RuntimeError):
+    """A state value read back differs from what was written (the open-source evolution bug)."""
+
+
+def output_schema(shapes: Mapping[str, TableShape]) -> T.StructType:
+    fields = [
+        T.StructField("table_name", T.StringType()),
+        T.StructField("keys", T.StringType()),
+        T.StructField(OPERATION, T.StringType()),
+        T.StructField("commit_timestamp_text", T.StringType()),
+    ]
+    fields += [T.StructField(row_variable(n), s.struct()) for n, s in sorted(shapes.items())]
+    return T.StructType(fields)
+
+
+def position(row: Any) -> tuple[str, str, tuple[int, str], int]:
+    """The change log's total order (design.md contract 1), comparable across rows and state."""
+    return (
+        row["commit_timestamp_text"],
+        row["server_transaction_id"],
+        sequence_key(row["record_sequence"]),
+        row["mod_index"],
+    )
+
+
+class ChangeApplier(StatefulProcessor):
+    def __init__(
+        self,
+        shapes: Mapping[str, TableShape],
+        deleted_variables: tuple[str, ...] = (),
+        added_fields: Mapping[str, tuple[str, ...]] | None = None,
+        tombstone_ttl_ms: int = 86_400_000,
+    ) -> None:
+        self.shapes = dict(shapes)
+        self.deleted_variables = deleted_variables
+        self.added_fields = dict(added_fields or {})
+        self.tombstone_ttl_ms = tombstone_ttl_ms
+        self.output_fields = output_schema(shapes).fieldNames()
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        for name in self.deleted_variables:
+            handle.deleteIfExists(name)
+        self.images = {
+            table: handle.getValueState(row_variable(table), shape.struct())
+            for table, shape in self.shapes.items()
+        }
+        self.last_applied = handle.getValueState("last_applied", LAST_APPLIED)
+        self.change_stats = handle.getValueState("change_stats", CHANGE_STATS)
+        self.tombstone = handle.getValueState("tombstone", TOMBSTONE, self.tombstone_ttl_ms)
+        self.columns_cache: dict[str, list[Column]] = {}
+
+    def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
+        table, keys_json = key
+        shape = self.shapes.get(table)
+        if shape is None:
+            raise SourceSchemaChanged(f"{SOURCE_SCHEMA_CHANGED}: new table {table!r}")
+        image_state = self.images[table]
+        image = image_state.get().asDict() if image_state.exists() else None
+        last = self._last_position()
+        stats = self.change_stats.get().asDict() if self.change_stats.exists() else None
+        applied = None
+        for row in sorted(rows, key=position):
+            if last is not None and position(row) <= last:
+                continue
+            columns = self._columns(row["column_types"])
+            if not shape.covers(columns):
+                raise SourceSchemaChanged(
+                    f"{SOURCE_SCHEMA_CHANGED}: table {table!r} has new or retyped columns"
+                )
+            deleted = row["mod_type"] == "DELETE"
+            image = None if deleted else self._apply(shape, image, columns, row)
+            stats = _count(stats, row)
+            last, applied = position(row), row
+        if applied is None:
+            return
+        marker = (
+            applied["commit_timestamp_text"],
+            applied["server_transaction_id"],
+            applied["record_sequence"],
+            applied["mod_index"],
+        )
+        if image is None:
+            image_state.clear()
+            self.last_applied.clear()
+            self.change_stats.clear()
+            self.tombstone.update(marker)
+            image = self._key_image(shape, keys_json)
+            operation = "DELETE"
+        else:
+            written = tuple(image.get(name) for name in shape.struct().fieldNames())
+            image_state.update(written)
+            self.last_applied.update(marker)
+            self.change_stats.update(tuple(stats[f] for f in CHANGE_STATS.fieldNames()))
+            if self.tombstone.exists():
+                self.tombstone.clear()
+            self._check_round_trip(table, image_state, image)
+            operation = "UPSERT"
+        values = {
+            "table_name": table,
+            "keys": keys_json,
+            OPERATION: operation,
+            "commit_timestamp_text": marker[0],
+            row_variable(table): tuple(image.get(n) for n in shape.struct().fieldNames()),
+        }
+        yield Row(*self.output_fields)(*(values.get(name) for name in self.output_fields))
+
+    def close(self) -> None:
+        pass
+
+    def _last_position(self) -> tuple | None:
+        for state in (self.last_applied, self.tombstone):
+            if state.exists():
+                return position(state.get().asDict())
+        return None
+
+    def _columns(self, column_types: str) -> list[Column]:
+        columns = self.columns_cache.get(column_types)
+        if columns is None:
+            columns = self.columns_cache[column_types] = parse_column_types(column_types)
+        return columns
+
+    @staticmethod
+    def _apply(
+        shape: TableShape, image: dict[str, Any] | None, columns: list[Column], row: Row
+    ) -> dict[str, Any]:
+        """Merge the mod's keys and new values into the image (NEW_VALUES sends changed ones)."""
+        types = {c.name: c.spanner_type for c in columns}
+        updated = dict(image or {})
+        for text in (row["keys"], row["new_values"]):
+            for name, value in json.loads(text).items():
+                updated[name] = spark_value(types[name], value)
+        return updated
+
+    @staticmethod
+    def _key_image(shape: TableShape, keys_json: str) -> dict[str, Any]:
+        return {
+            c.name: spark_value(c.spanner_type, value)
+            for name, value in json.loads(keys_json).items()
+            if (c := shape.column(name)) is not None
+        }
+
+    def _check_round_trip(self, table: str, state: Any, image: dict[str, Any]) -> None:
+        """Fields added by this deployment must read back as written.
+
+        Guards the open-source bug where, after a failed first batch following an evolution,
+        added fields are stored as None for a whole run (shared/notes/spark.md).
+        """
+        added = self.added_fields.get(row_variable(table))
+        if not added:
+            return
+        stored = state.get().asDict()
+        lost = [f for f in added if image.get(f) is not None and stored.get(f) is None]
+        if lost:
+            raise StateRoundTripMismatch(
+                f"{STATE_ROUNDTRIP_MISMATCH}: {row_variable(table)} fields {lost} read back None"
+            )
+
+
+def _count(stats: dict[str, Any] | None, row: Row) -> dict[str, Any]:
+    stats = dict(stats or dict.fromkeys(CHANGE_STATS.fieldNames()))
+    field = {"INSERT": "inserts", "UPDATE": "updates", "DELETE": "deletes"}[row["mod_type"]]
+    stats[field] = (stats[field] or 0) + 1
+    when = row["commit_timestamp"]
+    if isinstance(when, dt.datetime):
+        stats["first_commit_timestamp"] = stats["first_commit_timestamp"] or when
+        stats["last_commit_timestamp"] = when
+    return stats

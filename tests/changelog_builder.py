@@ -1,0 +1,73 @@
+"""Change-log tables built without Spanner: typed mods landed through the real ingest sink."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from ingest.partitions import PartitionsCheckpoint
+from ingest.reader import ResumePoint
+from ingest.records import ColumnType, DataChangeRecord, Mod, Transaction
+from ingest.sink import DeltaChangeLogSink
+from ingest.timestamps import parse_rfc3339
+
+START = parse_rfc3339("2026-11-22T10:00:00.000000001Z")
+ACCOUNTS = (
+    ColumnType("account_id", {"code": "INT64"}, True, 1),
+    ColumnType("owner", {"code": "STRING"}, False, 2),
+    ColumnType("balance", {"code": "INT64"}, False, 3),
+)
+
+
+@dataclass
+class ChangeLog:
+    """Appends transactions to a change-log table, one Delta version per ``land`` call."""
+
+    uri: str
+    columns: dict[str, tuple[ColumnType, ...]] = field(
+        default_factory=lambda: {"accounts": ACCOUNTS}
+    )
+    clock: int = START
+    pending: list[Transaction] = field(default_factory=list)
+    landed: list[list[Transaction]] = field(default_factory=list)
+    _ids: itertools.count = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        self.sink = DeltaChangeLogSink(self.uri, "test-ingest", "owner")
+        self.sink.continue_after(self.sink.latest_checkpoint())
+
+    def commit(self, *mods: tuple[str, str, dict[str, Any], dict[str, Any]]) -> Transaction:
+        """One transaction of (table, mod_type, keys, new_values) mods, one record per mod."""
+        self.clock += 1_000_123
+        tid = f"tx-{next(self._ids):06d}"
+        records = tuple(
+            DataChangeRecord(
+                commit_timestamp=self.clock,
+                record_sequence=f"{n:08d}",
+                server_transaction_id=tid,
+                is_last_record_in_transaction_in_partition=n == len(mods) - 1,
+                table_name=table,
+                column_types=self.columns[table],
+                mods=(Mod(keys, values, {}),),
+                mod_type=mod_type,
+                value_capture_type="NEW_ROW_AND_OLD_VALUES",
+                number_of_records_in_transaction=len(mods),
+                number_of_partitions_in_transaction=1,
+                transaction_tag="",
+                is_system_transaction=False,
+            )
+            for n, (table, mod_type, keys, values) in enumerate(mods)
+        )
+        transaction = Transaction(self.clock, tid, records)
+        self.pending.append(transaction)
+        return transaction
+
+    def land(self) -> int:
+        """Commit what is pending as one Delta version; its low watermark is the clock."""
+        result = self.sink.commit(
+            self.pending, ResumePoint(self.clock, PartitionsCheckpoint((), ()))
+        )
+        self.landed.append(self.pending)
+        self.pending = []
+        return result.version
