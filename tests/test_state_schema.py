@@ -1,0 +1,215 @@
+"""The state schema rules, checked before Spark starts: allowed evolutions pass, refused ones
+stop with a message naming the variable, the field and the rule."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import fastavro
+import pytest
+from pyspark.sql import types as T
+
+from ingest.records import ColumnType
+from pipeline.state_schema import (
+    Deployment,
+    Limits,
+    SchemaRegistry,
+    StateSchemaError,
+    avro_schema,
+    check_evolution,
+    state_schemas,
+)
+from pipeline.types import merge_shapes
+from tests.changelog_builder import ChangeLog
+
+
+def struct(**fields: T.DataType) -> T.StructType:
+    return T.StructType([T.StructField(name, kind) for name, kind in fields.items()])
+
+
+V1 = {
+    "a": struct(n=T.IntegerType(), s=T.StringType()),
+    "b": struct(x=T.LongType(), tags=T.MapType(T.StringType(), T.LongType())),
+}
+
+
+def history(*deployments: dict[str, T.StructType]) -> list[Deployment]:
+    return [Deployment(number, schemas) for number, schemas in enumerate(deployments, 1)]
+
+
+def refused(new: dict[str, T.StructType], **kwargs: object) -> str:
+    with pytest.raises(StateSchemaError) as caught:
+        check_evolution(history(V1), new, **kwargs)  # type: ignore[arg-type]
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "new",
+    [
+        {**V1, "a": struct(n=T.LongType(), s=T.StringType())},
+        {**V1, "a": struct(n=T.DoubleType(), s=T.BinaryType())},
+        {**V1, "a": struct(n=T.FloatType(), s=T.StringType())},
+        {**V1, "a": struct(s=T.StringType(), n=T.IntegerType())},
+        {**V1, "a": struct(n=T.IntegerType(), s=T.StringType(), added=T.DateType())},
+        {**V1, "a": struct(n=T.IntegerType())},
+        {**V1, "c": struct(z=T.StringType())},
+        {"a": V1["a"]},
+        {**V1, "b": struct(x=T.LongType(), tags=T.MapType(T.StringType(), T.DoubleType()))},
+    ],
+    ids=[
+        "int-long",
+        "int-double+string-binary",
+        "int-float",
+        "reorder",
+        "add",
+        "remove",
+        "add-variable",
+        "remove-variable",
+        "map-value-widening",
+    ],
+)
+def test_allowed_evolutions_pass(new: dict[str, T.StructType]) -> None:
+    evolution = check_evolution(history(V1), new)
+    assert evolution.is_change
+
+
+def test_narrowing_is_refused_with_variable_field_and_rule() -> None:
+    message = refused({**V1, "b": struct(x=T.IntegerType(), tags=V1["b"]["tags"].dataType)})
+    assert "state variable 'b', field 'x': narrowing: bigint → int" in message
+
+
+def test_other_type_changes_are_refused() -> None:
+    message = refused({**V1, "a": struct(n=T.BooleanType(), s=T.StringType())})
+    assert "state variable 'a', field 'n': type change: int → boolean" in message
+
+
+def test_a_map_key_change_is_refused() -> None:
+    message = refused(
+        {**V1, "b": struct(x=T.LongType(), tags=T.MapType(T.LongType(), T.LongType()))}
+    )
+    assert "state variable 'b', field 'tags': map key change: key type string → bigint" in message
+
+
+def test_a_rename_must_be_confirmed() -> None:
+    renamed = {**V1, "a": struct(n=T.IntegerType(), label=T.StringType())}
+    message = refused(renamed)
+    assert "state variable 'a', field 's': rename:" in message
+    assert "silently drop" in message and "confirmed_drops=a.s" in message
+    assert check_evolution(history(V1), renamed, frozenset({"a.s"})).changed_variables == ("a",)
+
+
+def test_the_evolution_limits_are_enforced() -> None:
+    versions = [V1]
+    for width in (T.LongType(), T.FloatType(), T.DoubleType()):
+        versions.append({**V1, "a": struct(n=width, s=T.StringType())})
+    past = history(*versions)
+    nxt = {**V1, "a": struct(n=T.DoubleType(), s=T.StringType(), extra=T.LongType())}
+    with pytest.raises(
+        StateSchemaError, match=r"'a': evolution limit per variable exceeded: .* 4 of"
+    ):
+        check_evolution(past, nxt, limits=Limits(per_variable=3))
+    with pytest.raises(StateSchemaError, match="evolution limit per query exceeded"):
+        check_evolution(past, nxt, limits=Limits(per_query=3))
+    assert check_evolution(past, nxt, limits=Limits(per_variable=4, per_query=4)).is_change
+
+
+def test_the_registry_records_spark_and_avro_schemas(tmp_path: Path) -> None:
+    registry = SchemaRegistry(str(tmp_path / "checkpoint"))
+    first = registry.record(V1, ())
+    assert registry.record(V1, ()) == first
+    second = registry.record({"a": V1["a"]}, ("b",))
+    reread = SchemaRegistry(str(tmp_path / "checkpoint")).history()
+    assert [d.number for d in reread] == [1, 2] and reread[1].deleted == ("b",)
+    assert reread[0].schemas == V1 and second.number == 2
+    document = json.loads((tmp_path / "checkpoint/_state_schemas/000001.json").read_text())
+    avro = document["variables"]["b"]["avro"]
+    assert fastavro.parse_schema(avro)["type"] == "record"
+    assert [f["name"] for f in avro["fields"]] == ["x", "tags"]
+
+
+def test_state_schemas_follow_the_spanner_type_mapping() -> None:
+    columns = [
+        ColumnType(name, {"code": code}, name == "id", n)
+        for n, (name, code) in enumerate(
+            [
+                ("id", "INT64"),
+                ("f", "FLOAT64"),
+                ("f32", "FLOAT32"),
+                ("b", "BOOL"),
+                ("s", "STRING"),
+                ("raw", "BYTES"),
+                ("d", "DATE"),
+                ("ts", "TIMESTAMP"),
+                ("num", "NUMERIC"),
+                ("doc", "JSON"),
+                ("odd", "INTERVAL"),
+            ],
+            1,
+        )
+    ]
+    columns.append(
+        ColumnType("arr", {"code": "ARRAY", "array_element_type": {"code": "INT64"}}, False, 20)
+    )
+    payload = json.dumps(
+        [
+            {
+                "name": c.name,
+                "type": c.type,
+                "is_primary_key": c.is_primary_key,
+                "ordinal_position": c.ordinal_position,
+            }
+            for c in columns
+        ]
+    )
+    schemas = state_schemas(merge_shapes([("t", payload)]))
+    row = schemas["row_t"]
+    assert [f.dataType.simpleString() for f in row.fields] == [
+        "bigint",
+        "double",
+        "float",
+        "boolean",
+        "string",
+        "binary",
+        "date",
+        "timestamp",
+        "decimal(38,9)",
+        "string",
+        "string",
+        "array<bigint>",
+    ]
+    assert set(schemas) == {"row_t", "last_applied", "change_stats", "tombstone"}
+    fastavro.parse_schema(avro_schema(row, "row_t"))
+
+
+def test_check_state_schema_command_refuses_before_spark(tmp_path: Path) -> None:
+    changelog = ChangeLog(str(tmp_path / "changelog"))
+    changelog.commit(("accounts", "INSERT", {"account_id": "1"}, {"owner": "a", "balance": "5"}))
+    changelog.land()
+    checkpoint = tmp_path / "checkpoint"
+    args = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "check-state-schema",
+        "--changelog",
+        str(tmp_path / "changelog"),
+        "--checkpoint",
+        str(checkpoint),
+    ]
+    first = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and first.stdout.startswith("ok: added variables"), first.stderr
+    recorded = state_schemas(merge_shapes([]))
+    recorded["row_accounts"] = struct(
+        account_id=T.LongType(), owner=T.StringType(), balance=T.DoubleType()
+    )
+    SchemaRegistry(str(checkpoint)).record(recorded, ())
+    second = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2
+    assert second.stderr.strip().splitlines() == [
+        "error: state schema change refused (1): state variable 'row_accounts', field "
+        "'balance': narrowing: double → bigint; allowed are int→bigint/float/double, "
+        "bigint→float/double, float→double and string↔binary"
+    ]
