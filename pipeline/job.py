@@ -9,6 +9,7 @@ the job then evolves (an allowed evolution) and restarts on the same checkpoint.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -207,9 +208,11 @@ def run_pipeline(
 
 
 def _first_line(error: BaseException) -> str:
-    text = str(error)
-    for line in text.splitlines():
-        for marker in RESTART_MARKERS:
+    """The line an operator needs from a Spark failure: the cause, not the Java stack."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for marker in RESTART_MARKERS:
+        for line in lines:
             if marker in line:
-                return line.strip()
-    return text.splitlines()[0] if text else type(error).__name__
+                return line
+    causes = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    return causes[-1] if causes else (lines[0] if lines else type(error).__name__)

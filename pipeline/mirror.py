@@ -146,7 +146,7 @@ def write_batch(
             for attempt in Retrying(
                 retry=retry_if_exception(_is_retryable_conflict),
                 stop=stop_after_attempt(5),
-                wait=wait_exponential_jitter(initial=0.2, max=5),
+                wait=wait_exponential_jitter(multiplier=0.2, max=5),
                 before_sleep=lambda state, table=table: log.warning(
                     "mirror_merge_retry",
                     table=table,

@@ -104,9 +104,9 @@ class ChangeApplier(StatefulProcessor):
         if shape is None:
             raise SourceSchemaChanged(f"{SOURCE_SCHEMA_CHANGED}: new table {table!r}")
         image_state = self.images[table]
-        image = image_state.get().asDict() if image_state.exists() else None
+        image = _read(image_state, shape.struct())
         last = self._last_position()
-        stats = self.change_stats.get().asDict() if self.change_stats.exists() else None
+        stats = _read(self.change_stats, CHANGE_STATS)
         applied = None
         for row in sorted(rows, key=position):
             if last is not None and position(row) <= last:
@@ -158,8 +158,9 @@ class ChangeApplier(StatefulProcessor):
 
     def _last_position(self) -> tuple | None:
         for state in (self.last_applied, self.tombstone):
-            if state.exists():
-                return position(state.get().asDict())
+            marker = _read(state, LAST_APPLIED)
+            if marker is not None:
+                return position(marker)
         return None
 
     def _columns(self, column_types: str) -> list[Column]:
@@ -197,12 +198,20 @@ class ChangeApplier(StatefulProcessor):
         added = self.added_fields.get(row_variable(table))
         if not added:
             return
-        stored = state.get().asDict()
+        stored = _read(state, self.shapes[table].struct()) or {}
         lost = [f for f in added if image.get(f) is not None and stored.get(f) is None]
         if lost:
             raise StateRoundTripMismatch(
                 f"{STATE_ROUNDTRIP_MISMATCH}: {row_variable(table)} fields {lost} read back None"
             )
+
+
+def _read(state: Any, schema: T.StructType) -> dict[str, Any] | None:
+    """A value state as a dict by field name (the Row API hands back a tuple), or None."""
+    if not state.exists():
+        return None
+    value = state.get()
+    return dict(zip(schema.fieldNames(), value, strict=True))
 
 
 def _count(stats: dict[str, Any] | None, row: Row) -> dict[str, Any]:
