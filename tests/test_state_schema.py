@@ -213,3 +213,20 @@ def test_check_state_schema_command_refuses_before_spark(tmp_path: Path) -> None
         "'balance': narrowing: double → bigint; allowed are int→bigint/float/double, "
         "bigint→float/double, float→double and string↔binary"
     ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--trigger", "sometimes"], "error: PIPELINE_TRIGGER='sometimes': expected one of"),
+        (["--confirmed-drops", "nodot"], "error: PIPELINE_CONFIRMED_DROPS='nodot': expected"),
+        (["--bogus"], "error: unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_pipeline_options_get_one_error_line(args: list[str], message: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "run", *args], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), result.stderr

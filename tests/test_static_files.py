@@ -39,7 +39,9 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 def test_readme_configuration_reference_matches_the_code() -> None:
     from ingest.config import reference
+    from pipeline.config import reference as pipeline_reference
 
     readme = (ROOT / "README.md").read_text()
     documented = re.findall(r"^\| `(\w+)` \| `(\w+)` \| `(.*)` \|$", readme, flags=re.M)
-    assert documented == [(n, e, repr(d)) for n, e, d in reference()]
+    expected = [(n, e, repr(d)) for n, e, d in [*reference(), *pipeline_reference()]]
+    assert documented == expected
