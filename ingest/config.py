@@ -176,7 +176,7 @@ def load_options(
     environ: Mapping[str, str],
     path: str | None,
 ) -> Any:
-    """Defaults of ``cls``, then the TOML file at ``path``, then the environment; one-line errors."""
+    """Defaults of ``cls``, then the TOML file at ``path``, then the environment; 1-line errors."""
     values: dict[str, Any] = {}
     if path:
         try:
