@@ -9,9 +9,6 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from ingest.checkpoint import from_json
-from ingest.sink import CHECKPOINT_KEY
-from ingest.timestamps import Nanos
 from pipeline.types import TableShape, merge_shapes
 
 
@@ -33,12 +30,3 @@ def discover_shapes(changelog_uri: str) -> dict[str, TableShape]:
     grouped = grouped.take(order)
     names, column_types = grouped["table_name"].to_pylist(), grouped["column_types"].to_pylist()
     return merge_shapes(list(zip(names, column_types, strict=True)))
-
-
-def watermark_at(changelog_uri: str, version: int) -> Nanos | None:
-    """The low watermark W recorded by the newest commit at or below ``version``."""
-    table = DeltaTable(changelog_uri)
-    for commit in table.history():
-        if commit.get("version", -1) <= version and CHECKPOINT_KEY in commit:
-            return from_json(commit[CHECKPOINT_KEY]).resume_point.low_watermark
-    return None

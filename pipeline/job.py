@@ -34,6 +34,7 @@ from pipeline.state_schema import (
     Limits,
     SchemaRegistry,
     check_evolution,
+    fields_added,
     state_schemas,
 )
 from pipeline.types import TableShape
@@ -81,10 +82,8 @@ def plan_deployment(config: PipelineConfig, log: Logger) -> Plan:
     if len(history) > 1:
         before, after = history[-2].schemas, history[-1].schemas
         for name, struct in after.items():
-            if name in before:
-                added = tuple(f for f in struct.fieldNames() if f not in before[name].fieldNames())
-                if added:
-                    guarded[name] = added
+            if name in before and (added := fields_added(before[name], struct)):
+                guarded[name] = added
     return Plan(shapes, deployment, deployment.deleted, guarded)
 
 

@@ -17,14 +17,14 @@ from pyspark.sql import Row
 from pyspark.sql import types as T
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
-from ingest.records import sequence_key
+from ingest.records import ColumnType, sequence_key
 from pipeline.state_schema import (
     CHANGE_STATS,
     LAST_APPLIED,
     TOMBSTONE,
     row_variable,
 )
-from pipeline.types import Column, TableShape, parse_column_types, spark_value
+from pipeline.types import TableShape, parse_column_types, spark_value
 
 SOURCE_SCHEMA_CHANGED = "SOURCE_SCHEMA_CHANGED"
 STATE_ROUNDTRIP_MISMATCH = "STATE_ROUNDTRIP_MISMATCH"
@@ -89,14 +89,15 @@ class ChangeApplier(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         for name in self.deleted_variables:
             handle.deleteIfExists(name)
+        self.structs = {table: shape.struct() for table, shape in self.shapes.items()}
         self.images = {
-            table: handle.getValueState(row_variable(table), shape.struct())
-            for table, shape in self.shapes.items()
+            table: handle.getValueState(row_variable(table), struct)
+            for table, struct in self.structs.items()
         }
         self.last_applied = handle.getValueState("last_applied", LAST_APPLIED)
         self.change_stats = handle.getValueState("change_stats", CHANGE_STATS)
         self.tombstone = handle.getValueState("tombstone", TOMBSTONE, self.tombstone_ttl_ms)
-        self.columns_cache: dict[str, list[Column]] = {}
+        self.columns_cache: dict[str, list[ColumnType]] = {}
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
         table, keys_json = key
@@ -104,7 +105,8 @@ class ChangeApplier(StatefulProcessor):
         if shape is None:
             raise SourceSchemaChanged(f"{SOURCE_SCHEMA_CHANGED}: new table {table!r}")
         image_state = self.images[table]
-        image = _read(image_state, shape.struct())
+        struct = self.structs[table]
+        image = _read(image_state, struct)
         last = self._last_position()
         stats = _read(self.change_stats, CHANGE_STATS)
         applied = None
@@ -136,7 +138,7 @@ class ChangeApplier(StatefulProcessor):
             image = self._key_image(shape, keys_json)
             operation = "DELETE"
         else:
-            written = tuple(image.get(name) for name in shape.struct().fieldNames())
+            written = tuple(image.get(name) for name in struct.fieldNames())
             image_state.update(written)
             self.last_applied.update(marker)
             self.change_stats.update(tuple(stats[f] for f in CHANGE_STATS.fieldNames()))
@@ -149,7 +151,7 @@ class ChangeApplier(StatefulProcessor):
             "keys": keys_json,
             OPERATION: operation,
             "commit_timestamp_text": marker[0],
-            row_variable(table): tuple(image.get(n) for n in shape.struct().fieldNames()),
+            row_variable(table): tuple(image.get(n) for n in struct.fieldNames()),
         }
         yield Row(*self.output_fields)(*(values.get(name) for name in self.output_fields))
 
@@ -163,7 +165,7 @@ class ChangeApplier(StatefulProcessor):
                 return position(marker)
         return None
 
-    def _columns(self, column_types: str) -> list[Column]:
+    def _columns(self, column_types: str) -> list[ColumnType]:
         columns = self.columns_cache.get(column_types)
         if columns is None:
             columns = self.columns_cache[column_types] = parse_column_types(column_types)
@@ -171,10 +173,10 @@ class ChangeApplier(StatefulProcessor):
 
     @staticmethod
     def _apply(
-        shape: TableShape, image: dict[str, Any] | None, columns: list[Column], row: Row
+        shape: TableShape, image: dict[str, Any] | None, columns: list[ColumnType], row: Row
     ) -> dict[str, Any]:
         """Merge the mod's keys and new values into the image (NEW_VALUES sends changed ones)."""
-        types = {c.name: c.spanner_type for c in columns}
+        types = {c.name: c.type for c in columns}
         updated = dict(image or {})
         for text in (row["keys"], row["new_values"]):
             for name, value in json.loads(text).items():
@@ -184,7 +186,7 @@ class ChangeApplier(StatefulProcessor):
     @staticmethod
     def _key_image(shape: TableShape, keys_json: str) -> dict[str, Any]:
         return {
-            c.name: spark_value(c.spanner_type, value)
+            c.name: spark_value(c.type, value)
             for name, value in json.loads(keys_json).items()
             if (c := shape.column(name)) is not None
         }
@@ -198,7 +200,7 @@ class ChangeApplier(StatefulProcessor):
         added = self.added_fields.get(row_variable(table))
         if not added:
             return
-        stored = _read(state, self.shapes[table].struct()) or {}
+        stored = _read(state, self.structs[table]) or {}
         lost = [f for f in added if image.get(f) is not None and stored.get(f) is None]
         if lost:
             raise StateRoundTripMismatch(

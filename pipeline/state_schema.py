@@ -268,9 +268,9 @@ def check_evolution(
             continue
         changed.append(name)
         refusals += _compare_struct(name, "", old[name], new[name], confirmed_drops)
-        added = [f.name for f in new[name].fields if f.name not in old[name].fieldNames()]
+        added = fields_added(old[name], new[name])
         if added:
-            added_fields[name] = tuple(added)
+            added_fields[name] = added
         evolutions = _evolution_count(history, name) + 1
         if evolutions > limits.per_variable:
             refusals.append(
@@ -304,6 +304,10 @@ def check_evolution(
     if refusals:
         raise StateSchemaError(refusals)
     return evolution
+
+
+def fields_added(old: T.StructType, new: T.StructType) -> tuple[str, ...]:
+    return tuple(f for f in new.fieldNames() if f not in old.fieldNames())
 
 
 def _evolution_count(history: list[Deployment], variable: str) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 
 from pyspark.sql import types as T
 
+from ingest.records import ColumnType
 from ingest.timestamps import parse_rfc3339
 from ingest.values import decode_value
 
@@ -50,47 +51,37 @@ def is_mapped(spanner_type: dict[str, Any]) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Column:
-    name: str
-    spanner_type: dict[str, Any]
-    is_primary_key: bool
-    ordinal_position: int
-
-    @property
-    def data_type(self) -> T.DataType:
-        return spark_type(self.spanner_type)
-
-
-@dataclass(frozen=True, slots=True)
 class TableShape:
     """A Spanner table as the change log describes it."""
 
     name: str
-    columns: tuple[Column, ...]
+    columns: tuple[ColumnType, ...]
 
     @property
-    def key_columns(self) -> tuple[Column, ...]:
+    def key_columns(self) -> tuple[ColumnType, ...]:
         return tuple(c for c in self.columns if c.is_primary_key)
 
-    def column(self, name: str) -> Column | None:
+    def column(self, name: str) -> ColumnType | None:
         return next((c for c in self.columns if c.name == name), None)
 
     def struct(self) -> T.StructType:
-        return T.StructType([T.StructField(c.name, c.data_type, True) for c in self.columns])
+        return T.StructType([T.StructField(c.name, spark_type(c.type), True) for c in self.columns])
 
-    def covers(self, columns: list[Column]) -> bool:
+    def covers(self, columns: list[ColumnType]) -> bool:
         """True when every column (name and type) of a change record is already in this shape."""
         return all(
-            (known := self.column(c.name)) is not None and known.data_type == c.data_type
+            (known := self.column(c.name)) is not None
+            and spark_type(known.type) == spark_type(c.type)
             for c in columns
         )
 
 
-def parse_column_types(column_types_json: str) -> list[Column]:
+def parse_column_types(column_types_json: str) -> list[ColumnType]:
+    """The change log's ``column_types`` text (written by ingest.changelog) as record types."""
     return [
-        Column(
+        ColumnType(
             name=c["name"],
-            spanner_type=c["type"],
+            type=c["type"],
             is_primary_key=bool(c["is_primary_key"]),
             ordinal_position=int(c["ordinal_position"]),
         )
@@ -104,7 +95,7 @@ def merge_shapes(observed: list[tuple[str, str]]) -> dict[str, TableShape]:
     A column keeps its newest type (STRING↔BYTES changes) and its position; columns dropped from
     Spanner stay, since older rows still hold them.
     """
-    columns: dict[str, dict[str, Column]] = {}
+    columns: dict[str, dict[str, ColumnType]] = {}
     for table, column_types in observed:
         known = columns.setdefault(table, {})
         for column in parse_column_types(column_types):
