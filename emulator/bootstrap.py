@@ -69,7 +69,7 @@ def _create(database: Database) -> bool:
 def seed_accounts(database: Database, accounts: int, initial_balance: int) -> None:
     with database.snapshot() as snapshot:
         existing = next(iter(snapshot.execute_sql("SELECT COUNT(*) FROM accounts")))[0]
-    if existing:
+    if existing or not accounts:
         return
     with database.batch() as batch:
         batch.insert(

@@ -27,6 +27,8 @@ class PipelineConfig:
     trigger: str = "continuous"
     """continuous: a batch every trigger_interval_s; available-now: process what is there, stop."""
     trigger_interval_s: float = 1.0
+    max_files_per_trigger: int = 1000
+    """Change-log files per micro-batch, bounding a catch-up batch (Delta's own default)."""
     master: str = "local[*]"
     """Spark master; empty leaves it to spark-submit."""
     shuffle_partitions: int = 8
@@ -63,6 +65,7 @@ PARSERS = {
     "job_id": identifier,
     "trigger": choice("continuous", "available-now"),
     "trigger_interval_s": seconds(0, 86_400),
+    "max_files_per_trigger": integer(1, 1_000_000),
     "master": str,
     "shuffle_partitions": integer(1, 10_000),
     "tombstone_ttl_s": seconds(1, 365 * 86_400),

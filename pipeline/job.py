@@ -60,6 +60,8 @@ class Plan:
 def plan_deployment(config: PipelineConfig, log: Logger) -> Plan:
     """Shapes, checked and recorded state schemas; StateSchemaError when a rule is broken."""
     shapes = discover_shapes(config.changelog_uri)
+    if not shapes:
+        return Plan({}, Deployment(0, {}, ()), (), {})
     schemas = state_schemas(shapes)
     registry = SchemaRegistry(config.checkpoint_uri)
     evolution = check_evolution(
@@ -114,6 +116,16 @@ def spark_settings(config: PipelineConfig) -> dict[str, str]:
     }
 
 
+def read_changes(spark: Any, config: PipelineConfig) -> Any:
+    """The change log as a stream of the columns the processor reads."""
+    return (
+        spark.readStream.format("delta")
+        .option("maxFilesPerTrigger", config.max_files_per_trigger)
+        .load(config.changelog_uri)
+        .select(*INPUT_COLUMNS)
+    )
+
+
 def start_query(spark: Any, config: PipelineConfig, plan: Plan, stats: JobStats, log: Logger):
     processor = ChangeApplier(
         plan.shapes,
@@ -121,7 +133,7 @@ def start_query(spark: Any, config: PipelineConfig, plan: Plan, stats: JobStats,
         plan.guarded_fields,
         int(config.tombstone_ttl_s * 1000),
     )
-    changes = spark.readStream.format("delta").load(config.changelog_uri).select(*INPUT_COLUMNS)
+    changes = read_changes(spark, config)
     applied = changes.groupBy("table_name", "keys").transformWithState(
         processor, output_schema(plan.shapes), "Update", "ProcessingTime"
     )

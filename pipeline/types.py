@@ -11,7 +11,7 @@ import base64
 import datetime as dt
 import json
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Context, Decimal
 from typing import Any
 
 from pyspark.sql import types as T
@@ -21,6 +21,8 @@ from ingest.timestamps import parse_rfc3339
 from ingest.values import decode_value
 
 NUMERIC = T.DecimalType(38, 9)
+_NUMERIC_CONTEXT = Context(prec=38)
+_NUMERIC_SCALE = Decimal("1e-9")
 _SCALARS: dict[str, T.DataType] = {
     "INT64": T.LongType(),
     "FLOAT64": T.DoubleType(),
@@ -128,10 +130,15 @@ def _scalar(spanner_type: dict[str, Any], value: Any, raw: bool) -> Any:
     if code == "JSON":
         return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     if code == "NUMERIC":
-        return Decimal(str(value)).quantize(Decimal("1e-9"))
+        return numeric(value)
     if code == "BYTES" and not raw:
         return value
     return decode_value(spanner_type, value) if raw else value
+
+
+def numeric(value: Any) -> Decimal:
+    """A NUMERIC as Spark's DECIMAL(38, 9); needs 38 digits, past the default context's 28."""
+    return _NUMERIC_CONTEXT.quantize(Decimal(str(value)), _NUMERIC_SCALE)
 
 
 def to_json_value(value: Any) -> Any:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -16,82 +14,9 @@ from pathlib import Path
 import pytest
 
 from emulator.server import free_port
-from emulator.workload import CommittedTransaction, Workload, WorkloadConfig
-from ingest.timestamps import to_rfc3339
 from tests.checks import start_after_setup
-from tests.delta_checks import assert_change_log_invariants, read_versions, table_rows
-
-BANKING = dict(transfer_weight=1.0, all_types_weight=0.0, cleanup_weight=0.0)
-
-
-class Service:
-    """Starts `python -m ingest run` processes for one job, all logging to one file."""
-
-    def __init__(self, database_id: str, table: Path, log: Path, start: int, **env: str) -> None:
-        self.log = log
-        self.env = {
-            **os.environ,
-            "SPANNER_DATABASE": database_id,
-            "INGEST_TABLE_URI": str(table),
-            "INGEST_START_TIMESTAMP": to_rfc3339(start),
-            "INGEST_CHECKPOINT_INTERVAL_S": "1",
-            "INGEST_LEASE_S": "3",
-            "INGEST_FLUSH_LATENCY_MS": "200",
-            "INGEST_HEARTBEAT_MS": "500",
-            "INGEST_HEALTH_PORT": "0",
-            **env,
-        }
-
-    def start(self) -> subprocess.Popen[bytes]:
-        with self.log.open("ab") as out:
-            return subprocess.Popen(
-                [sys.executable, "-m", "ingest", "run"],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def events(self) -> list[dict]:
-        if not self.log.exists():
-            return []
-        lines = self.log.read_text().splitlines()
-        return [json.loads(line) for line in lines if line.startswith("{")]
-
-    def wait_for(self, event: str, count: int, timeout: float = 60) -> None:
-        """Until the log holds ``count`` events of that name (signals before it race startup)."""
-        deadline = time.monotonic() + timeout
-        while sum(e["event"] == event for e in self.events()) < count:
-            assert time.monotonic() < deadline, f"no {event} #{count} in {timeout} s"
-            time.sleep(0.1)
-
-
-def landed_transactions(table: Path) -> int:
-    if not (table / "_delta_log").exists():
-        return 0
-    return len(set(table_rows(table).column("server_transaction_id").to_pylist()))
-
-
-def wait_until_landed(table: Path, committed: list[CommittedTransaction], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if landed_transactions(table) >= len(committed):
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{landed_transactions(table)} of {len(committed)} landed in time")
-
-
-def background_workload(database, seconds: float, rate: float, seed: int):
-    stop = threading.Event()
-    result: list[CommittedTransaction] = []
-    workload = Workload(
-        database,
-        WorkloadConfig(
-            duration_seconds=seconds, transactions_per_second=rate, seed=seed, **BANKING
-        ),
-    )
-    thread = threading.Thread(target=lambda: result.extend(workload.run(stop)))
-    thread.start()
-    return thread, stop, result
+from tests.delta_checks import assert_change_log_invariants, read_versions
+from tests.processes import Service, background_workload, wait_until_landed
 
 
 @pytest.mark.emulator

@@ -3,13 +3,18 @@ stop with a message naming the variable, the field and the rule."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import struct as struct_module
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import fastavro
 import pytest
+from google.api_core.datetime_helpers import DatetimeWithNanoseconds
+from google.cloud.spanner_v1.data_types import JsonObject
 from pyspark.sql import types as T
 
 from ingest.records import ColumnType
@@ -22,7 +27,8 @@ from pipeline.state_schema import (
     check_evolution,
     state_schemas,
 )
-from pipeline.types import merge_shapes
+from pipeline.types import merge_shapes, spark_value
+from pipeline.verify import canonical
 from tests.changelog_builder import ChangeLog
 
 
@@ -182,6 +188,55 @@ def test_state_schemas_follow_the_spanner_type_mapping() -> None:
     ]
     assert set(schemas) == {"row_t", "last_applied", "change_stats", "tombstone"}
     fastavro.parse_schema(avro_schema(row, "row_t"))
+
+
+def test_mod_values_become_values_of_the_mapped_spark_type() -> None:
+    int_array = {"code": "ARRAY", "array_element_type": {"code": "INT64"}}
+    widest = "-99999999999999999999999999999.999999999"
+    assert spark_value({"code": "NUMERIC"}, widest) == Decimal(widest)
+    assert spark_value({"code": "NUMERIC"}, "0.5") == Decimal("0.500000000")
+    assert spark_value({"code": "TIMESTAMP"}, "2026-01-02T03:04:05.123456789Z") == dt.datetime(
+        2026, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC
+    )
+    assert spark_value({"code": "BYTES"}, "aGk=") == b"hi"
+    assert spark_value(int_array, ["1", None, "3"]) == [1, None, 3]
+    assert spark_value({"code": "INT64"}, "9007199254740993") == 9007199254740993
+    assert spark_value({"code": "JSON"}, '{"b":1}') == '{"b":1}'
+    assert spark_value({"code": "INTERVAL"}, "P1D") == "P1D"
+
+
+def test_a_spanner_read_and_a_mirror_row_compare_in_one_form() -> None:
+    pairs = [
+        ({"code": "BYTES"}, b"aGk=", b"hi"),
+        ({"code": "NUMERIC"}, Decimal("1.5"), Decimal("1.500000000")),
+        ({"code": "JSON"}, JsonObject({"b": [1, 2], "a": None}), '{"a":null,"b":[1,2]}'),
+        (
+            {"code": "TIMESTAMP"},
+            DatetimeWithNanoseconds(2026, 1, 2, 3, 4, 5, nanosecond=123456789, tzinfo=dt.UTC),
+            dt.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC),
+        ),
+        ({"code": "FLOAT32"}, 0.1, struct_module.unpack("f", struct_module.pack("f", 0.1))[0]),
+        (
+            {"code": "ARRAY", "array_element_type": {"code": "BYTES"}},
+            [b"aGk=", None],
+            [b"hi", None],
+        ),
+    ]
+    for spanner_type, from_spanner, from_mirror in pairs:
+        assert canonical(spanner_type, from_spanner, spanner=True) == canonical(
+            spanner_type, from_mirror, spanner=False
+        ), spanner_type
+    assert canonical({"code": "INT64"}, 1, spanner=True) != canonical(
+        {"code": "INT64"}, 2, spanner=False
+    )
+    written = dt.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC)
+    streamed = written.replace(microsecond=0)
+    assert canonical({"code": "TIMESTAMP"}, written, True, 0) == canonical(
+        {"code": "TIMESTAMP"}, streamed, False, 0
+    )
+    assert canonical({"code": "TIMESTAMP"}, written, True) != canonical(
+        {"code": "TIMESTAMP"}, streamed, False
+    )
 
 
 def test_check_state_schema_command_refuses_before_spark(tmp_path: Path) -> None:

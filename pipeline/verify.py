@@ -1,0 +1,195 @@
+"""Whether every mirror table equals its Spanner table at a change-log watermark.
+
+The product's end-to-end promise, checked: once the pipeline has processed the change log up to
+version v, each mirror equals the Spanner table read at exactly W(v), the low watermark that
+version's commit records (design.md, consistent cut). Used by the end-to-end test and by ``make
+run``; it reads Delta with deltalake and Spanner with a stale read, no Spark.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+from google.cloud.spanner_v1.database import Database
+from google.protobuf import timestamp_pb2
+
+from ingest.checkpoint import from_json
+from ingest.sink import CHECKPOINT_KEY
+from ingest.timestamps import NANOS_PER_SECOND, Nanos
+from pipeline.mirror import mirror_uri
+from pipeline.types import TableShape, numeric
+
+Key = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    version: int
+    low_watermark: Nanos
+
+
+@dataclass(frozen=True, slots=True)
+class TableComparison:
+    table: str
+    spanner_rows: int
+    mirror_rows: int
+    missing: list[Key] = field(default_factory=list)
+    """Keys Spanner holds at W that the mirror lacks."""
+    extra: list[Key] = field(default_factory=list)
+    """Keys the mirror holds that Spanner did not at W."""
+    different: list[tuple[Key, str, Any, Any]] = field(default_factory=list)
+    """Keys whose values differ: the first differing column, its Spanner and mirror values."""
+
+    @property
+    def equal(self) -> bool:
+        return not (self.missing or self.extra or self.different)
+
+    def describe(self) -> str:
+        if self.equal:
+            return f"{self.table}: {self.mirror_rows} rows equal"
+        parts = [
+            f"{label} {len(keys)} (first {keys[0]!r})"
+            for label, keys in (
+                ("missing", self.missing),
+                ("extra", self.extra),
+                ("different", self.different),
+            )
+            if keys
+        ]
+        return f"{self.table}: spanner {self.spanner_rows} rows, mirror {self.mirror_rows}; " + (
+            ", ".join(parts)
+        )
+
+
+def changelog_watermark(changelog_uri: str, version: int | None = None) -> Watermark | None:
+    """The low watermark recorded by the newest landing commit at or before ``version``."""
+    table = DeltaTable(changelog_uri, version=version)
+    for commit in table.history():
+        text = commit.get(CHECKPOINT_KEY)
+        if text is not None:
+            return Watermark(int(commit["version"]), from_json(text).resume_point.low_watermark)
+    return None
+
+
+def compare_mirrors(
+    database: Database,
+    mirror_root: str,
+    shapes: dict[str, TableShape],
+    read_timestamp: Nanos,
+    timestamp_digits: int = 6,
+) -> list[TableComparison]:
+    """Each captured table, read at exactly ``read_timestamp``, against its mirror.
+
+    TIMESTAMP values compare at ``timestamp_digits`` fractional digits: 6 (Spark keeps
+    microseconds) on Spanner, 0 on the emulator, whose change stream drops the fraction
+    (emulator/NOTES.md).
+    """
+    return [
+        compare_table(
+            shape,
+            spanner_rows(database, shape, read_timestamp, timestamp_digits),
+            mirror_rows(mirror_uri(mirror_root, table), shape, timestamp_digits),
+        )
+        for table, shape in sorted(shapes.items())
+    ]
+
+
+def compare_table(
+    shape: TableShape, spanner: dict[Key, dict[str, Any]], mirror: dict[Key, dict[str, Any]]
+) -> TableComparison:
+    different = []
+    for key in sorted(spanner.keys() & mirror.keys(), key=repr):
+        column = next(
+            (name for name, value in spanner[key].items() if mirror[key].get(name) != value), None
+        )
+        if column is not None:
+            different.append((key, column, spanner[key][column], mirror[key].get(column)))
+    return TableComparison(
+        shape.name,
+        len(spanner),
+        len(mirror),
+        missing=sorted(spanner.keys() - mirror.keys(), key=repr),
+        extra=sorted(mirror.keys() - spanner.keys(), key=repr),
+        different=different,
+    )
+
+
+def spanner_rows(
+    database: Database, shape: TableShape, read_timestamp: Nanos, timestamp_digits: int = 6
+) -> dict[Key, dict[str, Any]]:
+    seconds, nanos = divmod(read_timestamp, NANOS_PER_SECOND)
+    at = timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos)
+    names = [c.name for c in shape.columns]
+    types = {c.name: c.type for c in shape.columns}
+    columns = ", ".join(f"`{name}`" for name in names)
+    with database.snapshot(read_timestamp=at) as snapshot:
+        rows = list(snapshot.execute_sql(f"SELECT {columns} FROM `{shape.name}`"))
+    return _keyed(
+        shape,
+        (
+            {
+                name: canonical(types[name], value, True, timestamp_digits)
+                for name, value in zip(names, row, strict=True)
+            }
+            for row in rows
+        ),
+    )
+
+
+def mirror_rows(
+    uri: str, shape: TableShape, timestamp_digits: int = 6
+) -> dict[Key, dict[str, Any]]:
+    types = {c.name: c.type for c in shape.columns}
+    try:
+        rows = DeltaTable(uri).to_pyarrow_table().to_pylist()
+    except TableNotFoundError:
+        rows = []
+    return _keyed(
+        shape,
+        (
+            {name: canonical(types[name], row.get(name), False, timestamp_digits) for name in types}
+            for row in rows
+        ),
+    )
+
+
+def _keyed(shape: TableShape, rows: Iterable[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
+    keys = [c.name for c in shape.key_columns]
+    return {tuple(row[k] for k in keys): row for row in rows}
+
+
+def canonical(
+    spanner_type: dict[str, Any], value: Any, spanner: bool, timestamp_digits: int = 6
+) -> Any:
+    """One form for a value read from Spanner (client types) and from a mirror (Arrow types)."""
+    if value is None:
+        return None
+    code = spanner_type.get("code")
+    if code == "ARRAY":
+        element = spanner_type.get("array_element_type") or {}
+        return tuple(canonical(element, v, spanner, timestamp_digits) for v in value)
+    if code == "BYTES":
+        return base64.b64decode(value) if spanner else bytes(value)
+    if code == "TIMESTAMP":
+        unit = 10 ** (6 - timestamp_digits)
+        moment = value.astimezone(dt.UTC)
+        return moment.replace(microsecond=moment.microsecond // unit * unit).isoformat(
+            timespec="microseconds"
+        )
+    if code == "NUMERIC":
+        return numeric(value)
+    if code == "JSON":
+        text = value.serialize() if spanner and hasattr(value, "serialize") else value
+        parsed = json.loads(text) if isinstance(text, str) else text
+        return json.dumps(parsed, sort_keys=True)
+    if code == "FLOAT32":
+        return struct.unpack("f", struct.pack("f", value))[0]
+    return value

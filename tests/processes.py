@@ -1,0 +1,137 @@
+"""The product's processes as tests start them: the ingest service and the pipeline."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from emulator.workload import CommittedTransaction, Workload, WorkloadConfig
+from ingest.timestamps import to_rfc3339
+from tests.delta_checks import table_rows
+
+BANKING = dict(transfer_weight=1.0, all_types_weight=0.0, cleanup_weight=0.0)
+
+
+class Process:
+    """Starts processes of one command with one environment, all logging to one file."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str]) -> None:
+        self.argv = argv
+        self.log = log
+        self.env = {**os.environ, **env}
+
+    def start(self, *extra: str) -> subprocess.Popen[bytes]:
+        with self.log.open("ab") as out:
+            return subprocess.Popen(
+                [sys.executable, *self.argv, *extra],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def events(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        lines = self.log.read_text(errors="replace").splitlines()
+        return [json.loads(line) for line in lines if line.startswith('{"')]
+
+    def count(self, event: str) -> int:
+        return sum(e["event"] == event for e in self.events())
+
+    def wait_for(
+        self,
+        event: str,
+        count: int,
+        timeout: float = 60,
+        process: subprocess.Popen[bytes] | None = None,
+        where: Callable[[dict[str, Any]], bool] = lambda _: True,
+    ) -> None:
+        """Until the log holds ``count`` such events (signals before it race startup)."""
+        deadline = time.monotonic() + timeout
+        while sum(e["event"] == event and where(e) for e in self.events()) < count:
+            assert time.monotonic() < deadline, f"no {event} #{count} in {timeout} s: {self.log}"
+            if process is not None and process.poll() is not None:
+                tail = self.log.read_text(errors="replace")[-3000:]
+                raise AssertionError(f"exited {process.returncode} before {event}:\n{tail}")
+            time.sleep(0.2)
+
+
+class Service(Process):
+    """``python -m ingest run`` for one job, with short intervals so tests move fast."""
+
+    def __init__(self, database_id: str, table: Path, log: Path, start: int, **env: str) -> None:
+        super().__init__(
+            ["-m", "ingest", "run"],
+            log,
+            {
+                "SPANNER_DATABASE": database_id,
+                "INGEST_TABLE_URI": str(table),
+                "INGEST_START_TIMESTAMP": to_rfc3339(start),
+                "INGEST_CHECKPOINT_INTERVAL_S": "1",
+                "INGEST_LEASE_S": "3",
+                "INGEST_FLUSH_LATENCY_MS": "200",
+                "INGEST_HEARTBEAT_MS": "500",
+                "INGEST_HEALTH_PORT": "0",
+                **env,
+            },
+        )
+
+
+class Pipeline(Process):
+    """``python -m pipeline run`` on local[2] with few shuffle partitions."""
+
+    def __init__(self, changelog: Path, root: Path, log: Path, **env: str) -> None:
+        super().__init__(
+            ["-m", "pipeline", "run"],
+            log,
+            {
+                "PIPELINE_CHANGELOG_URI": str(changelog),
+                "PIPELINE_MIRROR_ROOT": str(root / "mirrors"),
+                "PIPELINE_CHECKPOINT_URI": str(root / "checkpoint"),
+                "PIPELINE_MASTER": "local[2]",
+                "PIPELINE_SHUFFLE_PARTITIONS": "2",
+                "PIPELINE_LOCK_STALE_S": "5",
+                **env,
+            },
+        )
+
+
+def landed_transactions(table: Path) -> int:
+    if not (table / "_delta_log").exists():
+        return 0
+    return len(set(table_rows(table).column("server_transaction_id").to_pylist()))
+
+
+def wait_until_landed(table: Path, committed: list[CommittedTransaction], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if landed_transactions(table) >= len(committed):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{landed_transactions(table)} of {len(committed)} landed in time")
+
+
+def background_workload(
+    database: Any, seconds: float, rate: float, seed: int, **weights: float
+) -> tuple[threading.Thread, threading.Event, list[CommittedTransaction]]:
+    stop = threading.Event()
+    result: list[CommittedTransaction] = []
+    workload = Workload(
+        database,
+        WorkloadConfig(
+            duration_seconds=seconds,
+            transactions_per_second=rate,
+            seed=seed,
+            **(weights or BANKING),
+        ),
+    )
+    thread = threading.Thread(target=lambda: result.extend(workload.run(stop)))
+    thread.start()
+    return thread, stop, result
