@@ -1,8 +1,12 @@
-"""`make run`: the change stream reader live on a local emulator.
+"""`make run`: the whole product on one machine, ending with a PASS or FAIL check.
 
 Starts an emulator on a free loopback port (or uses SPANNER_EMULATOR_HOST), bootstraps the sample
-database, commits a banking workload and runs `python -m ingest tail` on it, printing whole
-transactions as JSON lines; structured logs go to a file whose path is printed. Ctrl-C stops.
+database, starts the ingest service and the pipeline as processes, and commits a banking workload
+for ``--seconds``. Then it stops everything in order: the workload; the ingest service once it has
+landed every committed transaction; the pipeline after draining the change log (SIGUSR1). It
+prints a summary and whether every mirror table equals Spanner read at the change log's last
+watermark. Progress goes to the terminal, logs to files in the run folder. Ctrl-C stops everything
+cleanly, without the check.
 """
 
 from __future__ import annotations
@@ -16,57 +20,338 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TextIO
 
 from google.cloud import spanner
 
-from emulator.bootstrap import bootstrap
+from emulator.bootstrap import bootstrap, seed_accounts
+from emulator.processes import Process
 from emulator.server import emulator
-from emulator.workload import Workload, WorkloadConfig
-from ingest.cli import tail_argv
-from ingest.timestamps import NANOS_PER_SECOND
+from emulator.workload import CommittedTransaction, Workload, WorkloadConfig
+from ingest.timestamps import NANOS_PER_SECOND, to_rfc3339
+
+EMULATOR_TIMESTAMP_DIGITS = 0
+"""The emulator's change stream drops the fraction of TIMESTAMP values (emulator/NOTES.md)."""
+ACCOUNTS = 100
+PROGRESS_EVERY_S = 5.0
+
+
+class Interrupted(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    seconds: float
+    rate: float
+    folder: Path
+    land_timeout_s: float = 90.0
+    drain_timeout_s: float = 300.0
+
+
+@dataclass(slots=True)
+class Summary:
+    committed: int
+    landed: int
+    changelog_version: int | None
+    lag_p50_s: float | None
+    lag_p99_s: float | None
+    pipeline_batches: int
+    rows_merged: int
+    check: list[str]
+    passed: bool | None
+
+
+def parse_args(argv: list[str] | None) -> RunOptions:
+    parser = argparse.ArgumentParser(prog="make run", description=__doc__)
+    parser.add_argument("--seconds", type=float, default=90.0, help="how long the workload runs")
+    parser.add_argument("--rate", type=float, default=20.0, help="transactions per second")
+    parser.add_argument("--folder", help="where the tables and logs go (default: a new temp dir)")
+    args = parser.parse_args(argv)
+    if args.seconds <= 0 or args.rate <= 0:
+        parser.error("--seconds and --rate must be positive")
+    folder = Path(args.folder) if args.folder else Path(tempfile.mkdtemp(prefix="spanner-cdc-run-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return RunOptions(args.seconds, args.rate, folder.resolve())
+
+
+def say(text: str, out: TextIO = sys.stdout) -> None:
+    print(text, file=out, flush=True)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
+
+
+def product_processes(options: RunOptions, database: str, start: int) -> tuple[Process, Process]:
+    folder = options.folder
+    ingest = Process(
+        ["-m", "ingest", "run"],
+        folder / "ingest.log",
+        {
+            "SPANNER_DATABASE": database,
+            "INGEST_TABLE_URI": str(folder / "changelog"),
+            "INGEST_START_TIMESTAMP": to_rfc3339(start),
+            "INGEST_CHECKPOINT_INTERVAL_S": "5",
+            "INGEST_FLUSH_LATENCY_MS": "500",
+            "INGEST_HEALTH_PORT": "0",
+        },
+    )
+    pipeline = Process(
+        ["-m", "pipeline", "run"],
+        folder / "pipeline.log",
+        {
+            "PIPELINE_CHANGELOG_URI": str(folder / "changelog"),
+            "PIPELINE_MIRROR_ROOT": str(folder / "mirrors"),
+            "PIPELINE_CHECKPOINT_URI": str(folder / "pipeline-checkpoint"),
+            "PIPELINE_MASTER": "local[2]",
+            "PIPELINE_SHUFFLE_PARTITIONS": "2",
+            "PIPELINE_TRIGGER_INTERVAL_S": "2",
+        },
+    )
+    return ingest, pipeline
+
+
+def landed_transactions(changelog: Path) -> int:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        ids = DeltaTable(str(changelog)).to_pyarrow_table(columns=["server_transaction_id"])
+    except TableNotFoundError:
+        return 0
+    return len(set(ids.column(0).to_pylist()))
+
+
+def progress_line(elapsed: float, committed: int, ingest: Process, pipeline: Process) -> str:
+    commits = [e for e in ingest.events() if e["event"] == "delta_commit"]
+    batches = [e for e in pipeline.events() if e["event"] == "pipeline_batch"]
+    landed = sum(e["transactions"] for e in commits)
+    lag = f", lag {commits[-1]['watermark_lag_seconds']:.1f} s" if commits else ""
+    version = f"v{commits[-1]['delta_version']}" if commits else "no commit yet"
+    pipeline_text = (
+        f"{len(batches)} batches, last {batches[-1]['seconds']:.1f} s"
+        if batches
+        else "starting Spark"
+    )
+    return (
+        f"{elapsed:5.0f} s  committed {committed:>6}  landed {landed:>6} ({version}{lag})  "
+        f"pipeline: {pipeline_text}"
+    )
+
+
+def wait_until(
+    condition: Callable[[], bool],
+    timeout: float,
+    interrupted: threading.Event,
+    report: Callable[[], None],
+    what: str,
+) -> None:
+    deadline = time.monotonic() + timeout
+    last_report = time.monotonic()
+    while not condition():
+        if interrupted.is_set():
+            raise Interrupted
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout:.0f} s")
+        if time.monotonic() - last_report >= PROGRESS_EVERY_S:
+            report()
+            last_report = time.monotonic()
+        time.sleep(0.5)
+
+
+def check_mirrors(database: Any, folder: Path) -> tuple[list[str], bool, int | None]:
+    from pipeline.catalog import discover_shapes
+    from pipeline.verify import changelog_watermark, compare_mirrors
+
+    watermark = changelog_watermark(str(folder / "changelog"))
+    if watermark is None:
+        return ["the change log has no landing commit"], False, None
+    shapes = discover_shapes(str(folder / "changelog"))
+    comparisons = compare_mirrors(
+        database,
+        str(folder / "mirrors"),
+        shapes,
+        watermark.low_watermark,
+        timestamp_digits=EMULATOR_TIMESTAMP_DIGITS,
+    )
+    lines = [f"read at {to_rfc3339(watermark.low_watermark)} (change-log v{watermark.version})"]
+    lines += [c.describe() for c in comparisons]
+    return lines, bool(comparisons) and all(c.equal for c in comparisons), watermark.version
+
+
+def summarize(
+    committed: int, ingest: Process, pipeline: Process, check: tuple[list[str], bool | None, Any]
+) -> Summary:
+    folder = ingest.log.parent
+    lags = [e["watermark_lag_seconds"] for e in ingest.events() if e["event"] == "delta_commit"]
+    batches = [e for e in pipeline.events() if e["event"] == "pipeline_batch"]
+    lines, passed, version = check
+    return Summary(
+        committed=committed,
+        landed=landed_transactions(folder / "changelog"),
+        changelog_version=version,
+        lag_p50_s=percentile(lags, 0.5),
+        lag_p99_s=percentile(lags, 0.99),
+        pipeline_batches=len(batches),
+        rows_merged=sum(sum(e["rows"].values()) for e in batches),
+        check=lines,
+        passed=passed,
+    )
+
+
+def print_summary(summary: Summary, folder: Path) -> None:
+    def seconds(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.2f} s"
+
+    verdict = {True: "PASS", False: "FAIL", None: "NOT RUN"}[summary.passed]
+    say("")
+    say("summary")
+    say(f"  transactions committed   {summary.committed}")
+    say(f"  transactions landed      {summary.landed}")
+    say(f"  change-log version       {summary.changelog_version}")
+    say(f"  watermark lag p50 / p99  {seconds(summary.lag_p50_s)} / {seconds(summary.lag_p99_s)}")
+    say(
+        f"  pipeline batches         {summary.pipeline_batches} ({summary.rows_merged} rows merged)"
+    )
+    say(f"  mirrors equal Spanner    {verdict}")
+    for line in summary.check:
+        say(f"    {line}")
+    python = Path(sys.executable)
+    say("")
+    say(f"tables and logs in {folder}")
+    say("open a table:")
+    say(
+        f'  {python} -c "from deltalake import DeltaTable; '
+        f"print(DeltaTable('{folder}/mirrors/accounts').to_pandas())\""
+    )
+    say(f"  (the change log is {folder}/changelog; Spark: spark.read.format('delta').load(...))")
+
+
+def stop_process(process: subprocess.Popen[bytes] | None, timeout: float = 30) -> int | None:
+    if process is None or process.poll() is not None:
+        return None if process is None else process.returncode
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
+def run(options: RunOptions, interrupted: threading.Event) -> int:
+    folder = options.folder
+    say(f"run folder {folder} (logs: ingest.log, pipeline.log, emulator.log)")
+    with contextlib.ExitStack() as stack:
+        if not os.environ.get("SPANNER_EMULATOR_HOST"):
+            say("starting the Spanner emulator")
+            running = stack.enter_context(
+                emulator(token_alive_seconds=5, log_path=folder / "emulator.log")
+            )
+            os.environ["SPANNER_EMULATOR_HOST"] = running.host_port
+        name = f"bank_{time.strftime('%m%d%H%M%S')}"
+        say(f"emulator at {os.environ['SPANNER_EMULATOR_HOST']}; creating database {name!r}")
+        database = bootstrap(spanner.Client(project="local-project"), database_id=name, accounts=0)
+        start = time.time_ns() + NANOS_PER_SECOND // 5
+        time.sleep(0.3)
+        ingest, pipeline = product_processes(options, name, start)
+        say("starting the ingest service and the pipeline (Spark takes 20-40 s to start)")
+        ingest_process = ingest.start()
+        pipeline_process = pipeline.start()
+        stack.callback(stop_process, pipeline_process, 60)
+        stack.callback(stop_process, ingest_process)
+        seed_accounts(database, ACCOUNTS, 1000)
+        stop_workload = threading.Event()
+        workload = Workload(
+            database,
+            WorkloadConfig(duration_seconds=options.seconds, transactions_per_second=options.rate),
+        )
+        committed: list[CommittedTransaction] = []
+        thread = threading.Thread(target=lambda: committed.extend(workload.run(stop_workload)))
+        say(f"workload: {options.rate:g} transactions/s for {options.seconds:g} s")
+        began = time.monotonic()
+        thread.start()
+
+        def report() -> None:
+            say(
+                progress_line(
+                    time.monotonic() - began, len(workload.committed) + 1, ingest, pipeline
+                )
+            )
+            for name, process in (("ingest", ingest_process), ("pipeline", pipeline_process)):
+                if process.poll() is not None:
+                    raise RuntimeError(
+                        f"the {name} process exited {process.returncode}; see its log"
+                    )
+
+        try:
+            wait_until(
+                lambda: not thread.is_alive(),
+                options.seconds + 30,
+                interrupted,
+                report,
+                "the workload's end",
+            )
+            total = len(committed) + 1
+            say(f"workload done: {total} transactions committed; waiting for them to land")
+            wait_until(
+                lambda: landed_transactions(folder / "changelog") >= total,
+                options.land_timeout_s,
+                interrupted,
+                report,
+                "landing every committed transaction",
+            )
+            say("all landed; stopping the ingest service, draining the pipeline")
+            code = stop_process(ingest_process)
+            if code != 0:
+                raise RuntimeError(f"the ingest service exited {code}; see {ingest.log}")
+            pipeline_process.send_signal(signal.SIGUSR1)
+            wait_until(
+                lambda: pipeline_process.poll() is not None,
+                options.drain_timeout_s,
+                interrupted,
+                report,
+                "the pipeline's drain",
+            )
+            if pipeline_process.returncode != 0:
+                raise RuntimeError(
+                    f"the pipeline exited {pipeline_process.returncode}; see {pipeline.log}"
+                )
+        except Interrupted:
+            stop_workload.set()
+            thread.join()
+            say("interrupted: stopping the ingest service and the pipeline")
+            stop_process(ingest_process)
+            stop_process(pipeline_process, 60)
+            print_summary(
+                summarize(len(committed) + 1, ingest, pipeline, (["interrupted"], None, None)),
+                folder,
+            )
+            return 130
+        finally:
+            stop_workload.set()
+            thread.join()
+        say("checking every mirror table against Spanner at the last watermark")
+        summary = summarize(total, ingest, pipeline, check_mirrors(database, folder))
+        print_summary(summary, folder)
+        return 0 if summary.passed else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="make run", description=__doc__)
-    parser.add_argument("--seconds", type=float, default=30.0, help="how long the workload runs")
-    parser.add_argument("--rate", type=float, default=20.0, help="transactions per second")
-    args = parser.parse_args(argv)
-    run_dir = Path(tempfile.mkdtemp(prefix="spanner-cdc-run-"))
-    with contextlib.ExitStack() as stack:
-        if not os.environ.get("SPANNER_EMULATOR_HOST"):
-            running = stack.enter_context(
-                emulator(token_alive_seconds=5, log_path=run_dir / "emulator.log")
-            )
-            os.environ["SPANNER_EMULATOR_HOST"] = running.host_port
-        print(
-            f"emulator at {os.environ['SPANNER_EMULATOR_HOST']}; logs in {run_dir}", file=sys.stderr
-        )
-        database = bootstrap(spanner.Client(project="local-project"))
-        start = time.time_ns() + NANOS_PER_SECOND // 5
-        time.sleep(0.3)
-        end = start + int((args.seconds + 5) * NANOS_PER_SECOND)
-        log_file = stack.enter_context(open(run_dir / "tail.log", "w"))
-        tail = subprocess.Popen(
-            tail_argv(database.database_id, "all_changes", start, end),
-            stderr=log_file,
-        )
-        stop = threading.Event()
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        workload = Workload(
-            database,
-            WorkloadConfig(duration_seconds=args.seconds, transactions_per_second=args.rate),
-        )
-        committed = workload.run(stop)
-        if stop.is_set():
-            tail.terminate()
-        code = tail.wait()
-        print(
-            f"committed {len(committed)} transactions; tail exited {code}; "
-            f"logs: {run_dir / 'tail.log'}",
-            file=sys.stderr,
-        )
-        return code
+    options = parse_args(argv)
+    interrupted = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    signal.signal(signal.SIGTERM, lambda *_: interrupted.set())
+    try:
+        return run(options, interrupted)
+    except (RuntimeError, TimeoutError) as error:
+        say(f"error: {error}", sys.stderr)
+        say(f"logs in {options.folder}", sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -97,7 +97,9 @@ def emulator(
         command.append("--enable_change_stream_churning=false")
     with contextlib.ExitStack() as stack:
         output = stack.enter_context(open(log_path, "wb")) if log_path else subprocess.DEVNULL
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             _wait_listening(host_port, process, timeout=30)
             yield RunningEmulator(host_port, process)

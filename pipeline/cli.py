@@ -95,9 +95,10 @@ def run(config: config_module.PipelineConfig) -> int:
     from pipeline.session import build_session
 
     log = make_logger(sys.stdout, config.log_level).bind(component="pipeline")
-    stop = threading.Event()
+    stop, drain = threading.Event(), threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: drain.set())
     stats = run_pipeline(
         config,
         log,
@@ -108,6 +109,7 @@ def run(config: config_module.PipelineConfig) -> int:
             shuffle_partitions=config.shuffle_partitions,
             extra=spark_settings(config),
         ),
+        drain,
     )
     log.info(
         "pipeline_stopped",

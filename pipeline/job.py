@@ -13,7 +13,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -162,11 +162,12 @@ def start_query(spark: Any, config: PipelineConfig, plan: Plan, stats: JobStats,
     return writer.start()
 
 
-def _await(query: Any, stop: threading.Event) -> BaseException | None:
+def _await(query: Any, *interrupts: threading.Event) -> BaseException | None:
+    """Until the query ends, fails (its error) or one of ``interrupts`` is set (stop it)."""
     from pyspark.errors import StreamingQueryException
 
     try:
-        while not stop.is_set():
+        while not any(event.is_set() for event in interrupts):
             if query.awaitTermination(0.5):
                 return None
         query.stop()
@@ -180,8 +181,15 @@ def run_pipeline(
     log: Logger,
     stop: threading.Event,
     session_factory: Callable[[], Any],
+    drain: threading.Event | None = None,
 ) -> JobStats:
-    """Run until stopped (continuous) or until the change log is processed (available-now)."""
+    """Run until stopped (continuous) or until the change log is processed (available-now).
+
+    Setting ``drain`` turns a continuous run into an available-now one on the same session:
+    the job processes what the change log holds at that moment, then returns, so whoever
+    stopped the writers knows the mirrors have caught up (``make run``, a planned upgrade).
+    """
+    drain = drain or threading.Event()
     stats = JobStats()
     with CheckpointLock(config.checkpoint_uri, config.lock_stale_s, f"pipeline {config.job_id}"):
         spark = None
@@ -199,6 +207,9 @@ def run_pipeline(
             undone = roll_back_uncommitted_batch(config.checkpoint_uri)
             if undone:
                 log.warning("uncommitted_batch_schema_files_removed", files=len(undone))
+            if drain.is_set() and config.trigger != "available-now":
+                config = replace(config, trigger="available-now")
+                log.info("pipeline_draining")
             query = start_query(spark, config, plan, stats, log)
             log.info(
                 "pipeline_query_started",
@@ -206,8 +217,10 @@ def run_pipeline(
                 deployment=plan.deployment.number,
                 guarded_fields={k: list(v) for k, v in plan.guarded_fields.items()},
             )
-            error = _await(query, stop)
+            error = _await(query, stop, drain)
             if error is None:
+                if drain.is_set() and config.trigger != "available-now" and not stop.is_set():
+                    continue
                 break
             reason = next((m for m in RESTART_MARKERS if m in str(error)), None)
             if reason is None or stats.restarts >= config.max_restarts:

@@ -15,6 +15,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
+GCS_CONNECTOR_URL = (
+    "https://repo1.maven.org/maven2/com/google/cloud/bigdataoss/gcs-connector/"
+    "hadoop3-2.2.26/gcs-connector-hadoop3-2.2.26-shaded.jar"
+)
+"""For gs:// tables and checkpoints; images fetch it at build time (``fetch DIR --gcs``)."""
 JARS_VARIABLE = "SPARK_DELTA_JARS"
 DEFAULT_JARS_DIR = Path(__file__).resolve().parent.parent / ".jars"
 
@@ -34,6 +39,9 @@ def base_config(shuffle_partitions: int = 4) -> dict[str, str]:
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.ui.showConsoleProgress": "false",
         "spark.ui.enabled": "false",
+        "spark.hadoop.fs.AbstractFileSystem.gs.impl": (
+            "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFS"
+        ),
     }
 
 
@@ -87,8 +95,15 @@ def fetch_jars(destination: Path) -> list[Path]:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["fetch"]:
-        sys.exit("usage: python -m pipeline.session fetch [DIR]")
-    target = (Path(sys.argv[2]) if len(sys.argv) > 2 else jars_dir()).resolve()
+        sys.exit("usage: python -m pipeline.session fetch [DIR] [--gcs]")
+    arguments = [a for a in sys.argv[2:] if a != "--gcs"]
+    target = (Path(arguments[0]) if arguments else jars_dir()).resolve()
     target.mkdir(parents=True, exist_ok=True)
     fetched = fetch_jars(target)
+    if "--gcs" in sys.argv:
+        from urllib.request import urlretrieve
+
+        connector = target / GCS_CONNECTOR_URL.rsplit("/", 1)[1]
+        urlretrieve(GCS_CONNECTOR_URL, connector)
+        fetched.append(connector)
     print(f"{len(fetched)} jars in {target}")

@@ -1,0 +1,60 @@
+"""The product's processes started as a user would: ``python -m <package> <command>``, with an
+environment, logging JSON lines to one file that the caller reads back as events."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+class Process:
+    """Starts processes of one command with one environment, all logging to one file."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str]) -> None:
+        self.argv = argv
+        self.log = log
+        self.env = {**os.environ, **env}
+
+    def start(self, *extra: str) -> subprocess.Popen[bytes]:
+        """In a session of its own, so a terminal's Ctrl-C reaches only the caller, which stops
+        the product's processes in order."""
+        with self.log.open("ab") as out:
+            return subprocess.Popen(
+                [sys.executable, *self.argv, *extra],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def events(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        lines = self.log.read_text(errors="replace").splitlines()
+        return [json.loads(line) for line in lines if line.startswith('{"')]
+
+    def count(self, event: str) -> int:
+        return sum(e["event"] == event for e in self.events())
+
+    def wait_for(
+        self,
+        event: str,
+        count: int,
+        timeout: float = 60,
+        process: subprocess.Popen[bytes] | None = None,
+        where: Callable[[dict[str, Any]], bool] = lambda _: True,
+    ) -> None:
+        """Until the log holds ``count`` such events (signals before it race startup)."""
+        deadline = time.monotonic() + timeout
+        while sum(e["event"] == event and where(e) for e in self.events()) < count:
+            assert time.monotonic() < deadline, f"no {event} #{count} in {timeout} s: {self.log}"
+            if process is not None and process.poll() is not None:
+                tail = self.log.read_text(errors="replace")[-3000:]
+                raise AssertionError(f"exited {process.returncode} before {event}:\n{tail}")
+            time.sleep(0.2)

@@ -1,0 +1,169 @@
+"""Files that cannot run here (no Docker engine, no cluster) checked statically: they parse,
+name only files and modules that exist, and use the entry points, ports, paths and environment
+variables the code itself defines."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ingest.config import ENVIRONMENT as INGEST_ENVIRONMENT
+from ingest.config import ServiceConfig
+from pipeline.config import ENVIRONMENT as PIPELINE_ENVIRONMENT
+from pipeline.session import JARS_VARIABLE
+
+ROOT = Path(__file__).resolve().parent.parent
+KNOWN_VARIABLES = {
+    *INGEST_ENVIRONMENT.values(),
+    *PIPELINE_ENVIRONMENT.values(),
+    JARS_VARIABLE,
+    "SPANNER_EMULATOR_HOST",  # read by the google-cloud-spanner client itself
+    "PYTHONUNBUFFERED",
+    "PATH",
+}
+SERVICE_SOURCE = (ROOT / "ingest" / "service.py").read_text()
+HEALTH_PORT = ServiceConfig().health_port
+
+
+def module_exists(argv: list[str]) -> None:
+    """Entry points are ``python -m <module> <command>`` (the image's ENTRYPOINT is python -m)."""
+    assert importlib.util.find_spec(argv[0]) is not None, argv
+    if argv[0] in ("ingest", "pipeline"):
+        assert argv[1] in ("run", "tail", "check-state-schema"), argv
+
+
+def dockerfile_stages(path: Path) -> list[list[str]]:
+    text = re.sub(r"\\\n", " ", path.read_text())
+    lines = [line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"]
+    stages: list[list[str]] = []
+    for line in lines:
+        if line.upper().startswith("FROM "):
+            stages.append([])
+        if stages:
+            stages[-1].append(line)
+    return stages
+
+
+def instruction(stage: list[str], name: str) -> list[str]:
+    return [line[len(name) + 1 :] for line in stage if line.upper().startswith(name + " ")]
+
+
+def copied_sources(path: Path) -> list[str]:
+    sources = []
+    for stage in dockerfile_stages(path):
+        for copy in instruction(stage, "COPY"):
+            if "--from=" in copy:
+                continue
+            sources += copy.split()[:-1]
+    return sources
+
+
+def test_dockerfile_is_multistage_slim_non_root_with_a_healthcheck() -> None:
+    stages = dockerfile_stages(ROOT / "Dockerfile")
+    assert len(stages) >= 2
+    final = stages[-1]
+    assert "slim" in (ROOT / "Dockerfile").read_text().split("PYTHON_IMAGE=")[1].split()[0]
+    users = instruction(final, "USER")
+    assert users and users[-1] not in ("root", "0")
+    installs = " ".join(instruction(final, "RUN"))
+    for compiler in ("gcc", "build-essential", "g++", "make ", "-jdk "):
+        assert compiler not in installs, compiler
+    assert "jre-headless" in installs
+    health = " ".join(instruction(final, "HEALTHCHECK"))
+    assert f"127.0.0.1:{HEALTH_PORT}/healthz" in health and '"/healthz"' in SERVICE_SOURCE
+    assert instruction(final, "ENTRYPOINT")[0].endswith('"python", "-m"]')
+    module_exists(yaml.safe_load(instruction(final, "CMD")[0]))
+    build = " ".join(instruction(stages[0], "RUN"))
+    assert "pipeline.session fetch" in build, "the Delta jars must be fetched at build time"
+    assert [f"EXPOSE {HEALTH_PORT}"] == [f"EXPOSE {p}" for p in instruction(final, "EXPOSE")]
+    variables = re.findall(r"(\w+)=", " ".join(instruction(final, "ENV")))
+    assert set(variables) <= KNOWN_VARIABLES, set(variables) - KNOWN_VARIABLES
+
+
+def test_dockerfiles_copy_only_what_exists_and_ignore_local_state() -> None:
+    for path in (ROOT / "Dockerfile", ROOT / "deploy" / "spark.Dockerfile"):
+        for source in copied_sources(path):
+            assert (ROOT / source).exists(), (path.name, source)
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", ".jars", ".git"} <= set(ignored)
+
+
+def test_compose_runs_the_product_on_the_emulator_with_a_shared_volume() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"emulator", "bootstrap", "ingest", "pipeline", "workload"} <= services.keys()
+    assert services["emulator"]["image"].startswith("gcr.io/cloud-spanner-emulator/emulator")
+    assert services["workload"]["profiles"] == ["workload"]
+    assert services["bootstrap"]["restart"] == "no"
+    for name, service in services.items():
+        for dependency in service.get("depends_on", {}):
+            assert dependency in services, (name, dependency)
+        if name == "emulator":
+            continue
+        assert service["build"] == "." and (ROOT / "Dockerfile").exists()
+        module_exists(service["command"])
+        assert set(service.get("environment", {})) <= KNOWN_VARIABLES, name
+    for name in ("ingest", "pipeline"):
+        volumes = services[name]["volumes"]
+        assert volumes == ["delta:/data"] and "delta" in compose["volumes"]
+    ingest_env, pipeline_env = (
+        services["ingest"]["environment"],
+        services["pipeline"]["environment"],
+    )
+    assert ingest_env["INGEST_TABLE_URI"] == pipeline_env["PIPELINE_CHANGELOG_URI"]
+    assert services["ingest"]["ports"] == [f"{HEALTH_PORT}:{ingest_env['INGEST_HEALTH_PORT']}"]
+    assert services["pipeline"]["depends_on"]["ingest"]["condition"] == "service_healthy"
+
+
+def manifests(name: str) -> dict[str, dict[str, Any]]:
+    documents = yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / name).read_text())
+    return {document["kind"]: document for document in documents if document}
+
+
+def test_ingest_deployment_is_one_recreated_replica_with_probes_limits_and_config() -> None:
+    objects = manifests("ingest.yaml")
+    deployment, config = objects["Deployment"], objects["ConfigMap"]
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == objects["ServiceAccount"]["metadata"]["name"]
+    assert "iam.gke.io/gcp-service-account" in objects["ServiceAccount"]["metadata"]["annotations"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    module_exists(container["args"])
+    assert container["envFrom"] == [{"configMapRef": {"name": config["metadata"]["name"]}}]
+    assert set(config["data"]) <= KNOWN_VARIABLES, set(config["data"]) - KNOWN_VARIABLES
+    port = int(config["data"]["INGEST_HEALTH_PORT"])
+    assert container["ports"][0]["containerPort"] == port
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert container[probe]["httpGet"]["path"] == path and f'"{path}"' in SERVICE_SOURCE
+        assert container[probe]["httpGet"]["port"] == container["ports"][0]["name"]
+    assert {"cpu", "memory"} <= container["resources"]["requests"].keys()
+    assert {"cpu", "memory"} <= container["resources"]["limits"].keys()
+    text = (ROOT / "deploy" / "kubernetes" / "ingest.yaml").read_text()
+    assert "private_key" not in text and "GOOGLE_APPLICATION_CREDENTIALS:" not in text
+
+
+def test_pipeline_manifests_run_one_job_with_state_on_object_storage() -> None:
+    objects = manifests("pipeline.yaml")
+    spec = objects["Deployment"]["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    (container,) = spec["template"]["spec"]["containers"]
+    module_exists(container["args"])
+    data = objects["ConfigMap"]["data"]
+    assert set(data) <= KNOWN_VARIABLES, set(data) - KNOWN_VARIABLES
+    for option in ("PIPELINE_CHANGELOG_URI", "PIPELINE_MIRROR_ROOT", "PIPELINE_CHECKPOINT_URI"):
+        assert data[option].startswith("gs://"), option
+    application = manifests("pipeline-sparkapplication.yaml")["SparkApplication"]["spec"]
+    assert application["type"] == "Python" and application["arguments"] == ["run"]
+    main_file = application["mainApplicationFile"].removeprefix("local://")
+    spark_dockerfile = (ROOT / "deploy" / "spark.Dockerfile").read_text()
+    assert f"cp pipeline/__main__.py {main_file}" in spark_dockerfile
+    env = {e["name"]: e["value"] for e in application["driver"]["env"]}
+    assert set(env) <= KNOWN_VARIABLES and env["PIPELINE_MASTER"] == ""
+    assert all(env[o].startswith("gs://") for o in env if o.endswith("_URI") or "ROOT" in o)
+    assert application["sparkVersion"].startswith("4.2")
