@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv jars test lint run bench-reader bench-ingest clean
+.PHONY: venv jars test lint run bench-reader bench-ingest bench-pipeline clean
 
 venv: $(STAMP)
 
@@ -29,15 +29,21 @@ test: venv jars
 lint: venv
 	$(PY) -m ruff check ingest pipeline emulator tests bench
 
-# Local run: start an emulator, bootstrap the sample database, run a workload and tail the stream.
-run: venv
-	$(PY) -m emulator.local_run
+# The whole product on one machine: emulator, sample database, workload, ingest service and
+# pipeline for RUN_SECONDS, then a PASS/FAIL check of every mirror against Spanner.
+RUN_SECONDS ?= 90
+RUN_RATE ?= 20
+run: venv jars
+	$(PY) -m emulator.local_run --seconds $(RUN_SECONDS) --rate $(RUN_RATE)
 
 bench-reader: venv
 	$(PY) bench/reader_throughput.py
 
 bench-ingest: venv
 	$(PY) bench/ingest_throughput.py
+
+bench-pipeline: venv jars
+	$(PY) bench/pipeline_throughput.py
 
 clean:
 	rm -rf $(VENV) .jars .pytest_cache .hypothesis build *.egg-info

@@ -133,11 +133,12 @@ def progress_line(elapsed: float, committed: int, ingest: Process, pipeline: Pro
     landed = sum(e["transactions"] for e in commits)
     lag = f", lag {commits[-1]['watermark_lag_seconds']:.1f} s" if commits else ""
     version = f"v{commits[-1]['delta_version']}" if commits else "no commit yet"
-    pipeline_text = (
-        f"{len(batches)} batches, last {batches[-1]['seconds']:.1f} s"
-        if batches
-        else "starting Spark"
-    )
+    if batches:
+        pipeline_text = f"{len(batches)} batches, last {batches[-1]['seconds']:.1f} s"
+    elif any(e["event"] == "pipeline_query_started" for e in pipeline.events()):
+        pipeline_text = "first micro-batch running"
+    else:
+        pipeline_text = "starting Spark"
     return (
         f"{elapsed:5.0f} s  committed {committed:>6}  landed {landed:>6} ({version}{lag})  "
         f"pipeline: {pipeline_text}"
@@ -276,13 +277,16 @@ def run(options: RunOptions, interrupted: threading.Event) -> int:
         began = time.monotonic()
         thread.start()
 
+        watched = {"ingest": ingest_process, "pipeline": pipeline_process}
+        """Processes that must stay up; an exit before we stop one is a failure."""
+
         def report() -> None:
             say(
                 progress_line(
                     time.monotonic() - began, len(workload.committed) + 1, ingest, pipeline
                 )
             )
-            for name, process in (("ingest", ingest_process), ("pipeline", pipeline_process)):
+            for name, process in watched.items():
                 if process.poll() is not None:
                     raise RuntimeError(
                         f"the {name} process exited {process.returncode}; see its log"
@@ -306,6 +310,7 @@ def run(options: RunOptions, interrupted: threading.Event) -> int:
                 "landing every committed transaction",
             )
             say("all landed; stopping the ingest service, draining the pipeline")
+            watched.clear()
             code = stop_process(ingest_process)
             if code != 0:
                 raise RuntimeError(f"the ingest service exited {code}; see {ingest.log}")

@@ -217,9 +217,10 @@ def run_pipeline(
                 deployment=plan.deployment.number,
                 guarded_fields={k: list(v) for k, v in plan.guarded_fields.items()},
             )
-            error = _await(query, stop, drain)
+            finishing = config.trigger == "available-now"
+            error = _await(query, stop) if finishing else _await(query, stop, drain)
             if error is None:
-                if drain.is_set() and config.trigger != "available-now" and not stop.is_set():
+                if not finishing and drain.is_set() and not stop.is_set():
                     continue
                 break
             reason = next((m for m in RESTART_MARKERS if m in str(error)), None)
