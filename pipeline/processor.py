@@ -98,6 +98,7 @@ class ChangeApplier(StatefulProcessor):
         self.change_stats = handle.getValueState("change_stats", CHANGE_STATS)
         self.tombstone = handle.getValueState("tombstone", TOMBSTONE, self.tombstone_ttl_ms)
         self.columns_cache: dict[str, list[ColumnType]] = {}
+        self.covered: dict[tuple[str, str], bool] = {}
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
         table, keys_json = key
@@ -107,14 +108,14 @@ class ChangeApplier(StatefulProcessor):
         image_state = self.images[table]
         struct = self.structs[table]
         image = _read(image_state, struct)
-        last = self._last_position()
+        last, tombstoned = self._last_position()
         stats = _read(self.change_stats, CHANGE_STATS)
         applied = None
         for row in sorted(rows, key=position):
             if last is not None and position(row) <= last:
                 continue
             columns = self._columns(row["column_types"])
-            if not shape.covers(columns):
+            if not self._covers(shape, row["column_types"], columns):
                 raise SourceSchemaChanged(
                     f"{SOURCE_SCHEMA_CHANGED}: table {table!r} has new or retyped columns"
                 )
@@ -142,7 +143,7 @@ class ChangeApplier(StatefulProcessor):
             image_state.update(written)
             self.last_applied.update(marker)
             self.change_stats.update(tuple(stats[f] for f in CHANGE_STATS.fieldNames()))
-            if self.tombstone.exists():
+            if tombstoned:
                 self.tombstone.clear()
             self._check_round_trip(table, image_state, image)
             operation = "UPSERT"
@@ -158,12 +159,19 @@ class ChangeApplier(StatefulProcessor):
     def close(self) -> None:
         pass
 
-    def _last_position(self) -> tuple | None:
+    def _last_position(self) -> tuple[tuple | None, bool]:
+        """The last applied position, and whether it is a tombstone's (a deleted row)."""
         for state in (self.last_applied, self.tombstone):
             marker = _read(state, LAST_APPLIED)
             if marker is not None:
-                return position(marker)
-        return None
+                return position(marker), state is self.tombstone
+        return None, False
+
+    def _covers(self, shape: TableShape, column_types: str, columns: list[ColumnType]) -> bool:
+        known = self.covered.get((shape.name, column_types))
+        if known is None:
+            known = self.covered[(shape.name, column_types)] = shape.covers(columns)
+        return known
 
     def _columns(self, column_types: str) -> list[ColumnType]:
         columns = self.columns_cache.get(column_types)
@@ -209,11 +217,12 @@ class ChangeApplier(StatefulProcessor):
 
 
 def _read(state: Any, schema: T.StructType) -> dict[str, Any] | None:
-    """A value state as a dict by field name (the Row API hands back a tuple), or None."""
-    if not state.exists():
-        return None
+    """A value state as a dict by field name (the Row API hands back a tuple), or None.
+
+    One call to the state server (``get`` is None when unset), not two: each is a round trip.
+    """
     value = state.get()
-    return dict(zip(schema.fieldNames(), value, strict=True))
+    return None if value is None else dict(zip(schema.fieldNames(), value, strict=True))
 
 
 def _count(stats: dict[str, Any] | None, row: Row) -> dict[str, Any]:
