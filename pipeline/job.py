@@ -143,12 +143,18 @@ def start_query(spark: Any, config: PipelineConfig, plan: Plan, stats: JobStats,
         started = time.monotonic()
         if "id" not in app_ids:
             app_ids["id"] = f"{config.job_id}:{checkpoint_id(config.checkpoint_uri)}"
-        counts = write_batch(batch, batch_id, plan.shapes, config.mirror_root, app_ids["id"], log)
+        result = write_batch(batch, batch_id, plan.shapes, config.mirror_root, app_ids["id"], log)
         seconds = time.monotonic() - started
         stats.batches += 1
-        stats.rows_merged += sum(counts.values())
+        stats.rows_merged += sum(result.rows.values())
         stats.last_batch_seconds.append(seconds)
-        log.info("pipeline_batch", batch_id=batch_id, rows=counts, seconds=round(seconds, 3))
+        log.info(
+            "pipeline_batch",
+            batch_id=batch_id,
+            rows=result.rows,
+            newest_commit=result.newest_commit,
+            seconds=round(seconds, 3),
+        )
 
     writer = (
         applied.writeStream.foreachBatch(land)

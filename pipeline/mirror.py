@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import structlog
 from pyspark.sql import Column as SparkColumn
@@ -127,6 +128,14 @@ def _is_retryable_conflict(error: BaseException) -> bool:
     return any(name in text for name in RETRYABLE_CONFLICTS)
 
 
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    rows: dict[str, int]
+    """Keys merged per table."""
+    newest_commit: str | None
+    """The newest commit timestamp applied by the batch: how fresh the mirrors are."""
+
+
 def write_batch(
     changes: DataFrame,
     batch_id: int,
@@ -134,14 +143,17 @@ def write_batch(
     mirror_root: str,
     app_id: str,
     log: Logger,
-) -> dict[str, int]:
-    """MERGE one micro-batch of processor output into every mirror it touches; rows per table."""
+) -> BatchResult:
+    """MERGE one micro-batch of processor output into every mirror it touches."""
     spark = changes.sparkSession
     changes = changes.persist()
     try:
-        counts = {
-            r["table_name"]: r["count"] for r in changes.groupBy("table_name").count().collect()
-        }
+        per_table = (
+            changes.groupBy("table_name")
+            .agg(F.count("*").alias("rows"), F.max("commit_timestamp_text").alias("newest"))
+            .collect()
+        )
+        counts = {r["table_name"]: r["rows"] for r in per_table}
         for table in sorted(counts):
             for attempt in Retrying(
                 retry=retry_if_exception(_is_retryable_conflict),
@@ -164,7 +176,7 @@ def write_batch(
                         app_id,
                         batch_id,
                     )
-        return counts
+        return BatchResult(counts, max((r["newest"] for r in per_table), default=None))
     finally:
         changes.unpersist()
 

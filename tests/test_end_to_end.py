@@ -24,6 +24,7 @@ from tenacity import (
 )
 
 from emulator.bootstrap import seed_accounts
+from ingest.timestamps import to_rfc3339
 from pipeline.catalog import discover_shapes
 from pipeline.mirror import mirror_uri
 from pipeline.verify import changelog_watermark, compare_mirrors, mirror_rows
@@ -119,5 +120,7 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
     named = {key for key, row in accounts.items() if row["nickname"] is not None}
     assert {(i,) for i in range(20)} <= named, f"seed {seed}: named accounts {sorted(named)}"
     assert len(committed) >= 300 and comparisons[0].mirror_rows > 0
+    batches = [e for e in pipeline.events() if e["event"] == "pipeline_batch" and e["rows"]]
+    assert all(e["newest_commit"] <= to_rfc3339(watermark.low_watermark) for e in batches)
     restarts = [e for e in pipeline.events() if e["event"] == "pipeline_query_restarting"]
     assert any(e["reason"] == "SOURCE_SCHEMA_CHANGED" for e in restarts), restarts
