@@ -286,10 +286,10 @@ def run(options: RunOptions, interrupted: threading.Event) -> int:
                     time.monotonic() - began, len(workload.committed) + 1, ingest, pipeline
                 )
             )
-            for name, process in watched.items():
+            for role, process in watched.items():
                 if process.poll() is not None:
                     raise RuntimeError(
-                        f"the {name} process exited {process.returncode}; see its log"
+                        f"the {role} process exited {process.returncode}; see its log"
                     )
 
         try:
@@ -314,6 +314,13 @@ def run(options: RunOptions, interrupted: threading.Event) -> int:
             code = stop_process(ingest_process)
             if code != 0:
                 raise RuntimeError(f"the ingest service exited {code}; see {ingest.log}")
+            wait_until(  # its first event comes after its SIGUSR1 handler is installed
+                lambda: bool(pipeline.events()) or pipeline_process.poll() is not None,
+                options.drain_timeout_s,
+                interrupted,
+                report,
+                "the pipeline's start",
+            )
             pipeline_process.send_signal(signal.SIGUSR1)
             wait_until(
                 lambda: pipeline_process.poll() is not None,
