@@ -140,7 +140,8 @@ def progress_line(elapsed: float, committed: int, ingest: Process, pipeline: Pro
     else:
         pipeline_text = "starting Spark"
     return (
-        f"{elapsed:5.0f} s  committed {committed:>6}  landed {landed:>6} ({version}{lag})  "
+        f"{elapsed:5.0f} s  committed {committed:>6} ({committed / max(elapsed, 1):4.1f}/s)  "
+        f"landed {landed:>6} ({version}{lag})  "
         f"pipeline: {pipeline_text}"
     )
 
