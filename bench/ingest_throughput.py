@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 from google.cloud import spanner
 
 from emulator.bootstrap import bootstrap
@@ -40,6 +40,7 @@ from ingest.logs import make_logger
 from ingest.query import ChangeStreamQuery, Dialect
 from ingest.reader import ChangeStreamReader, ReaderConfig
 from ingest.timestamps import parse_rfc3339, to_rfc3339
+from pipeline.verify import landed_transactions
 
 WORK = Path(tempfile.mkdtemp(prefix="ingest-bench-"))
 
@@ -67,19 +68,11 @@ def service(database_id: str, table: Path, start: int, **env: str) -> subprocess
     )
 
 
-def landed(table: Path) -> int:
-    if not (table / "_delta_log").exists():
-        return 0
-    return len(
-        set(DeltaTable(str(table)).to_pyarrow_table().column("server_transaction_id").to_pylist())
-    )
-
-
 def wait_landed(table: Path, count: int, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
-    while landed(table) < count:
+    while landed_transactions(str(table)) < count:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"only {landed(table)} of {count} landed")
+            raise RuntimeError(f"only {landed_transactions(str(table))} of {count} landed")
         time.sleep(0.2)
 
 

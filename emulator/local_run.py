@@ -32,6 +32,8 @@ from emulator.processes import Process
 from emulator.server import emulator
 from emulator.workload import CommittedTransaction, Workload, WorkloadConfig
 from ingest.timestamps import NANOS_PER_SECOND, to_rfc3339
+from pipeline.catalog import discover_shapes
+from pipeline.verify import changelog_watermark, compare_mirrors, landed_transactions
 
 EMULATOR_TIMESTAMP_DIGITS = 0
 """The emulator's change stream drops the fraction of TIMESTAMP values (emulator/NOTES.md)."""
@@ -52,17 +54,23 @@ class RunOptions:
     drain_timeout_s: float = 300.0
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class MirrorCheck:
+    lines: list[str]
+    passed: bool | None
+    """None when the check did not run."""
+    changelog_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Summary:
     committed: int
     landed: int
-    changelog_version: int | None
     lag_p50_s: float | None
     lag_p99_s: float | None
     pipeline_batches: int
     rows_merged: int
-    check: list[str]
-    passed: bool | None
+    check: MirrorCheck
 
 
 def parse_args(argv: list[str] | None) -> RunOptions:
@@ -116,17 +124,6 @@ def product_processes(options: RunOptions, database: str, start: int) -> tuple[P
     return ingest, pipeline
 
 
-def landed_transactions(changelog: Path) -> int:
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        ids = DeltaTable(str(changelog)).to_pyarrow_table(columns=["server_transaction_id"])
-    except TableNotFoundError:
-        return 0
-    return len(set(ids.column(0).to_pylist()))
-
-
 def progress_line(elapsed: float, committed: int, ingest: Process, pipeline: Process) -> str:
     commits = [e for e in ingest.events() if e["event"] == "delta_commit"]
     batches = [e for e in pipeline.events() if e["event"] == "pipeline_batch"]
@@ -166,13 +163,10 @@ def wait_until(
         time.sleep(0.5)
 
 
-def check_mirrors(database: Any, folder: Path) -> tuple[list[str], bool, int | None]:
-    from pipeline.catalog import discover_shapes
-    from pipeline.verify import changelog_watermark, compare_mirrors
-
+def check_mirrors(database: Any, folder: Path) -> MirrorCheck:
     watermark = changelog_watermark(str(folder / "changelog"))
     if watermark is None:
-        return ["the change log has no landing commit"], False, None
+        return MirrorCheck(["the change log has no landing commit"], False)
     shapes = discover_shapes(str(folder / "changelog"))
     comparisons = compare_mirrors(
         database,
@@ -183,26 +177,22 @@ def check_mirrors(database: Any, folder: Path) -> tuple[list[str], bool, int | N
     )
     lines = [f"read at {to_rfc3339(watermark.low_watermark)} (change-log v{watermark.version})"]
     lines += [c.describe() for c in comparisons]
-    return lines, bool(comparisons) and all(c.equal for c in comparisons), watermark.version
+    passed = bool(comparisons) and all(c.equal for c in comparisons)
+    return MirrorCheck(lines, passed, watermark.version)
 
 
-def summarize(
-    committed: int, ingest: Process, pipeline: Process, check: tuple[list[str], bool | None, Any]
-) -> Summary:
+def summarize(committed: int, ingest: Process, pipeline: Process, check: MirrorCheck) -> Summary:
     folder = ingest.log.parent
     lags = [e["watermark_lag_seconds"] for e in ingest.events() if e["event"] == "delta_commit"]
     batches = [e for e in pipeline.events() if e["event"] == "pipeline_batch"]
-    lines, passed, version = check
     return Summary(
         committed=committed,
-        landed=landed_transactions(folder / "changelog"),
-        changelog_version=version,
+        landed=landed_transactions(str(folder / "changelog")),
         lag_p50_s=percentile(lags, 0.5),
         lag_p99_s=percentile(lags, 0.99),
         pipeline_batches=len(batches),
         rows_merged=sum(sum(e["rows"].values()) for e in batches),
-        check=lines,
-        passed=passed,
+        check=check,
     )
 
 
@@ -210,18 +200,18 @@ def print_summary(summary: Summary, folder: Path) -> None:
     def seconds(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.2f} s"
 
-    verdict = {True: "PASS", False: "FAIL", None: "NOT RUN"}[summary.passed]
+    verdict = {True: "PASS", False: "FAIL", None: "NOT RUN"}[summary.check.passed]
     say("")
     say("summary")
     say(f"  transactions committed   {summary.committed}")
     say(f"  transactions landed      {summary.landed}")
-    say(f"  change-log version       {summary.changelog_version}")
+    say(f"  change-log version       {summary.check.changelog_version}")
     say(f"  watermark lag p50 / p99  {seconds(summary.lag_p50_s)} / {seconds(summary.lag_p99_s)}")
     say(
         f"  pipeline batches         {summary.pipeline_batches} ({summary.rows_merged} rows merged)"
     )
     say(f"  mirrors equal Spanner    {verdict}")
-    for line in summary.check:
+    for line in summary.check.lines:
         say(f"    {line}")
     python = Path(sys.executable)
     say("")
@@ -229,7 +219,8 @@ def print_summary(summary: Summary, folder: Path) -> None:
     say("open a table:")
     say(
         f'  {python} -c "from deltalake import DeltaTable; '
-        f"print(DeltaTable('{folder}/mirrors/accounts').to_pandas())\""
+        f"print(DeltaTable('{folder}/mirrors/accounts').to_pyarrow_dataset()"
+        f'.to_table(use_threads=False).to_pandas())"'
     )
     say(f"  (the change log is {folder}/changelog; Spark: spark.read.format('delta').load(...))")
 
@@ -304,7 +295,7 @@ def run(options: RunOptions, interrupted: threading.Event) -> int:
             total = len(committed) + 1
             say(f"workload done: {total} transactions committed; waiting for them to land")
             wait_until(
-                lambda: landed_transactions(folder / "changelog") >= total,
+                lambda: landed_transactions(str(folder / "changelog")) >= total,
                 options.land_timeout_s,
                 interrupted,
                 report,
@@ -341,7 +332,7 @@ def run(options: RunOptions, interrupted: threading.Event) -> int:
             stop_process(ingest_process)
             stop_process(pipeline_process, 60)
             print_summary(
-                summarize(len(committed) + 1, ingest, pipeline, (["interrupted"], None, None)),
+                summarize(len(committed) + 1, ingest, pipeline, MirrorCheck(["interrupted"], None)),
                 folder,
             )
             return 130
@@ -351,7 +342,7 @@ def run(options: RunOptions, interrupted: threading.Event) -> int:
         say("checking every mirror table against Spanner at the last watermark")
         summary = summarize(total, ingest, pipeline, check_mirrors(database, folder))
         print_summary(summary, folder)
-        return 0 if summary.passed else 1
+        return 0 if summary.check.passed else 1
 
 
 def main(argv: list[str] | None = None) -> int:

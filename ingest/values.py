@@ -31,7 +31,7 @@ def decode_value(spanner_type: dict[str, Any], value: Any) -> Any:
     if code == "FLOAT64":
         return float(value)
     if code == "FLOAT32":
-        return _float32(float(value))
+        return float32(float(value))
     if code == "BOOL":
         return bool(value)
     if code == "BYTES":
@@ -47,7 +47,7 @@ def decode_value(spanner_type: dict[str, Any], value: Any) -> Any:
     return value
 
 
-def _float32(value: float) -> float:
+def float32(value: float) -> float:
     """FLOAT32 arrives as its shortest decimal text; the value is the nearest float32."""
     return struct.unpack("f", struct.pack("f", value))[0]
 

@@ -68,14 +68,11 @@ def load_config(arguments: argparse.Namespace) -> config_module.PipelineConfig:
 
 def check_state_schema(config: config_module.PipelineConfig) -> int:
     from pipeline.catalog import discover_shapes
-    from pipeline.state_schema import Limits, SchemaRegistry, check_evolution, state_schemas
+    from pipeline.job import checked_state_schemas
+    from pipeline.state_schema import SchemaRegistry
 
-    schemas = state_schemas(discover_shapes(config.changelog_uri))
-    evolution = check_evolution(
-        SchemaRegistry(config.checkpoint_uri).history(),
-        schemas,
-        config.confirmed_drop_set,
-        Limits(config.max_evolutions_per_variable, config.max_evolutions_per_query),
+    _, evolution = checked_state_schemas(
+        config, discover_shapes(config.changelog_uri), SchemaRegistry(config.checkpoint_uri)
     )
     print(
         "ok: "

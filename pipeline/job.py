@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
+from pyspark.sql import types as T
 
 from pipeline.catalog import discover_shapes
 from pipeline.checkpoint import CheckpointLock, checkpoint_id, roll_back_uncommitted_batch
@@ -31,6 +32,7 @@ from pipeline.processor import (
 )
 from pipeline.state_schema import (
     Deployment,
+    Evolution,
     Limits,
     SchemaRegistry,
     check_evolution,
@@ -57,19 +59,31 @@ class Plan:
     guarded_fields: dict[str, tuple[str, ...]]
 
 
-def plan_deployment(config: PipelineConfig, log: Logger) -> Plan:
-    """Shapes, checked and recorded state schemas; StateSchemaError when a rule is broken."""
-    shapes = discover_shapes(config.changelog_uri)
-    if not shapes:
-        return Plan({}, Deployment(0, {}, ()), (), {})
+def checked_state_schemas(
+    config: PipelineConfig, shapes: dict[str, TableShape], registry: SchemaRegistry
+) -> tuple[dict[str, T.StructType], Evolution]:
+    """The state schemas the tables need, and how they evolve the recorded ones.
+
+    Raises StateSchemaError when a rule is broken; run by every start and by
+    ``check-state-schema``.
+    """
     schemas = state_schemas(shapes)
-    registry = SchemaRegistry(config.checkpoint_uri)
     evolution = check_evolution(
         registry.history(),
         schemas,
         config.confirmed_drop_set,
         Limits(config.max_evolutions_per_variable, config.max_evolutions_per_query),
     )
+    return schemas, evolution
+
+
+def plan_deployment(config: PipelineConfig, log: Logger) -> Plan:
+    """Shapes, checked and recorded state schemas; StateSchemaError when a rule is broken."""
+    shapes = discover_shapes(config.changelog_uri)
+    if not shapes:
+        return Plan({}, Deployment(0, {}, ()), (), {})
+    registry = SchemaRegistry(config.checkpoint_uri)
+    schemas, evolution = checked_state_schemas(config, shapes, registry)
     deployment = registry.record(schemas, evolution.removed_variables)
     if evolution.is_change:
         log.info(

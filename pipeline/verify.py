@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,8 @@ from google.protobuf import timestamp_pb2
 from ingest.checkpoint import from_json
 from ingest.sink import CHECKPOINT_KEY
 from ingest.timestamps import NANOS_PER_SECOND, Nanos
+from ingest.values import float32
+from pipeline.catalog import scan
 from pipeline.mirror import mirror_uri
 from pipeline.types import TableShape, numeric
 
@@ -77,6 +78,15 @@ def changelog_watermark(changelog_uri: str, version: int | None = None) -> Water
         if text is not None:
             return Watermark(int(commit["version"]), from_json(text).resume_point.low_watermark)
     return None
+
+
+def landed_transactions(changelog_uri: str) -> int:
+    """Distinct transactions in the change log (0 before its first commit)."""
+    try:
+        ids = scan(DeltaTable(changelog_uri), ["server_transaction_id"])
+    except TableNotFoundError:
+        return 0
+    return len(set(ids.column(0).to_pylist()))
 
 
 def compare_mirrors(
@@ -149,7 +159,7 @@ def mirror_rows(
 ) -> dict[Key, dict[str, Any]]:
     types = {c.name: c.type for c in shape.columns}
     try:
-        rows = DeltaTable(uri).to_pyarrow_table().to_pylist()
+        rows = scan(DeltaTable(uri)).to_pylist()
     except TableNotFoundError:
         rows = []
     return _keyed(
@@ -191,5 +201,5 @@ def canonical(
         parsed = json.loads(text) if isinstance(text, str) else text
         return json.dumps(parsed, sort_keys=True)
     if code == "FLOAT32":
-        return struct.unpack("f", struct.pack("f", value))[0]
+        return float32(value)
     return value

@@ -15,6 +15,7 @@ from emulator.workload import CommittedTransaction
 from ingest.checkpoint import Checkpoint, from_json
 from ingest.sink import CHECKPOINT_KEY
 from ingest.timestamps import parse_rfc3339
+from pipeline.catalog import scan
 
 
 @dataclass
@@ -109,4 +110,4 @@ def assert_change_log_invariants(
 def table_rows(table: Path) -> pa.Table:
     from deltalake import DeltaTable
 
-    return DeltaTable(str(table)).to_pyarrow_table()
+    return scan(DeltaTable(str(table)))

@@ -10,7 +10,7 @@ from typing import Any
 from emulator.processes import Process
 from emulator.workload import CommittedTransaction, Workload, WorkloadConfig
 from ingest.timestamps import to_rfc3339
-from tests.delta_checks import table_rows
+from pipeline.verify import landed_transactions
 
 BANKING = dict(transfer_weight=1.0, all_types_weight=0.0, cleanup_weight=0.0)
 
@@ -55,19 +55,13 @@ class Pipeline(Process):
         )
 
 
-def landed_transactions(table: Path) -> int:
-    if not (table / "_delta_log").exists():
-        return 0
-    return len(set(table_rows(table).column("server_transaction_id").to_pylist()))
-
-
-def wait_until_landed(table: Path, committed: list[CommittedTransaction], timeout: float) -> None:
+def wait_until_landed(table: Path, transactions: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if landed_transactions(table) >= len(committed):
+        if landed_transactions(str(table)) >= transactions:
             return
         time.sleep(0.5)
-    raise AssertionError(f"{landed_transactions(table)} of {len(committed)} landed in time")
+    raise AssertionError(f"{landed_transactions(str(table))} of {transactions} landed in time")
 
 
 def background_workload(

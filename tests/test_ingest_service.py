@@ -39,7 +39,7 @@ def test_kill_9_at_random_moments_keeps_every_invariant(new_database, tmp_path: 
     final = service.start()
     try:
         service.wait_for("ingest_started", started + 1)
-        wait_until_landed(table, committed, timeout=120)
+        wait_until_landed(table, len(committed), timeout=120)
         final.send_signal(signal.SIGTERM)
         assert final.wait(timeout=20) == 0
     finally:
@@ -81,7 +81,7 @@ def test_sigterm_under_load_exits_cleanly_and_restart_loses_nothing(
     try:
         service.wait_for("ingest_started", 2)
         thread.join()
-        wait_until_landed(table, committed, timeout=60)
+        wait_until_landed(table, len(committed), timeout=60)
         restarted.send_signal(signal.SIGTERM)
         assert restarted.wait(timeout=10) == 0
     finally:
@@ -116,7 +116,7 @@ def test_second_process_for_the_same_job_stands_by(new_database, tmp_path: Path)
         primary.kill()
         primary.wait()
         thread.join()
-        wait_until_landed(table, committed, timeout=90)
+        wait_until_landed(table, len(committed), timeout=90)
         second.wait_for("writer_lease_taken_over", 1)
         standby.send_signal(signal.SIGTERM)
         assert standby.wait(timeout=10) == 0
@@ -172,7 +172,7 @@ def test_connections_cut_at_random_lose_and_duplicate_nothing(
         process = service.start()
         try:
             thread.join()
-            wait_until_landed(table, committed, timeout=120)
+            wait_until_landed(table, len(committed), timeout=120)
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=20) == 0
         finally:
