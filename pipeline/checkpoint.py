@@ -50,9 +50,15 @@ class CheckpointLock:
     def _holder(self) -> dict | None:
         try:
             with self._filesystem.open_input_stream(self._path) as stream:
-                return json.loads(stream.read())
-        except (FileNotFoundError, OSError, ValueError):
+                text = stream.read()
+        except (FileNotFoundError, OSError):
             return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            info = self._filesystem.get_file_info(self._path)
+            changed = info.mtime.timestamp() if info.mtime else 0.0
+            return {"job": "an unreadable lock file", "heartbeat": changed}
 
     def _is_live(self, holder: dict) -> bool:
         if time.time() - float(holder.get("heartbeat", 0)) > self._stale:
@@ -93,8 +99,17 @@ class CheckpointLock:
         self._thread.start()
 
     def _write(self) -> None:
-        with self._filesystem.open_output_stream(self._path) as stream:
+        """Whole or not at all: a heartbeat cut short by kill -9 must not leave an empty lock file,
+        which the next start could neither read nor remove. Object stores write whole objects;
+        a local file is written aside and renamed."""
+        if not isinstance(self._filesystem, pafs.LocalFileSystem):
+            with self._filesystem.open_output_stream(self._path) as stream:
+                stream.write(self._document())
+            return
+        aside = f"{self._path}.{self._owner['owner']}"
+        with self._filesystem.open_output_stream(aside) as stream:
             stream.write(self._document())
+        self._filesystem.move(aside, self._path)
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self._stale / 4):
@@ -102,6 +117,8 @@ class CheckpointLock:
 
     def release(self) -> None:
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
         holder = self._holder()
         if holder is not None and holder.get("owner") == self._owner["owner"]:
             self._filesystem.delete_file(self._path)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import struct as struct_module
 import subprocess
 import sys
+import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -285,3 +287,22 @@ def test_bad_pipeline_options_get_one_error_line(args: list[str], message: str) 
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), result.stderr
+
+
+def test_a_lock_file_cut_short_blocks_only_until_it_is_stale(tmp_path: Path) -> None:
+    """A writer killed mid-heartbeat used to leave an empty lock file that no start could pass."""
+    from pipeline.checkpoint import LOCK_FILE, CheckpointInUse, CheckpointLock
+
+    lock_file = tmp_path / LOCK_FILE
+    lock_file.write_text("")
+    with pytest.raises(CheckpointInUse, match="unreadable lock file"):
+        CheckpointLock(str(tmp_path), 5, "second").acquire()
+    os.utime(lock_file, (time.time() - 60, time.time() - 60))
+    lock = CheckpointLock(str(tmp_path), 5, "second")
+    lock.acquire()
+    try:
+        assert json.loads(lock_file.read_text())["job"] == "second"
+        assert [p.name for p in tmp_path.iterdir()] == [LOCK_FILE]
+    finally:
+        lock.release()
+    assert not lock_file.exists()
