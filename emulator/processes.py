@@ -21,12 +21,15 @@ class Process:
         self.log = log
         self.env = {**os.environ, **env}
 
+    def command(self, *extra: str) -> list[str]:
+        return [sys.executable, *self.argv, *extra]
+
     def start(self, *extra: str) -> subprocess.Popen[bytes]:
         """In a session of its own, so a terminal's Ctrl-C reaches only the caller, which stops
         the product's processes in order."""
         with self.log.open("ab") as out:
             return subprocess.Popen(
-                [sys.executable, *self.argv, *extra],
+                self.command(*extra),
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -21,6 +21,9 @@ class Checkpoint:
     """The process that wrote it (a fresh id per process start): the writer lease."""
     committed_at: Nanos
     resume_point: ResumePoint
+    job_start: Nanos | None = None
+    """Where the job's stream started, fixed by its first commit and carried by every later one.
+    None in checkpoints written before the start was recorded."""
 
 
 def to_json(checkpoint: Checkpoint) -> str:
@@ -42,6 +45,11 @@ def to_json(checkpoint: Checkpoint) -> str:
                 for p in point.partitions.partitions
             ],
             "finished_parents": list(point.partitions.finished_parents),
+            **(
+                {"job_start": to_rfc3339(checkpoint.job_start)}
+                if checkpoint.job_start is not None
+                else {}
+            ),
         },
         sort_keys=True,
         separators=(",", ":"),
@@ -67,4 +75,5 @@ def from_json(text: str) -> Checkpoint:
         owner=data["owner"],
         committed_at=parse_rfc3339(data["committed_at"]),
         resume_point=ResumePoint(parse_rfc3339(data["low_watermark"]), partitions),
+        job_start=parse_rfc3339(data["job_start"]) if "job_start" in data else None,
     )

@@ -27,6 +27,7 @@ from ingest.encoding import canonical_json, transaction_to_dict
 from ingest.logs import make_logger
 from ingest.reader import ChangeStreamReader, PartitionQueryFailed, ReaderConfig, Release
 from ingest.service import run_service
+from ingest.sink import WriterFenced
 from ingest.timestamps import Nanos, parse_rfc3339, to_rfc3339
 
 EXIT_RUNTIME_ERROR = 1
@@ -227,6 +228,7 @@ def main(
         return EXIT_BAD_INPUT
     except (
         PartitionQueryFailed,
+        WriterFenced,
         IncompleteTransactionError,
         InconsistentTransactionError,
         api_exceptions.GoogleAPICallError,

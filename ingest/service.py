@@ -1,7 +1,8 @@
 """The long-running ingest service: change stream → Delta change-log table, exactly once.
 
 Start: wait as a standby while another process holds the job's writer lease, then resume from the
-newest checkpoint in the table (or start at the configured timestamp). Run: the reader releases
+newest checkpoint in the table; a new job first commits its start position (the configured
+timestamp, or now), so every restart resumes from that same position. Run: the reader releases
 whole transactions at each low watermark; the batcher commits them with the checkpoint. Stop on
 SIGTERM/SIGINT: land what is released, commit, exit 0.
 """
@@ -22,6 +23,7 @@ from google.cloud import spanner
 from ingest import query
 from ingest.checkpoint import Checkpoint
 from ingest.config import ServiceConfig
+from ingest.partitions import PartitionsCheckpoint
 from ingest.reader import ChangeStreamReader, ReaderConfig, Release, ResumePoint
 from ingest.records import Transaction
 from ingest.sink import DeltaChangeLogSink
@@ -94,7 +96,12 @@ class Batcher:
                 retention_seconds=self.retention_nanos // NANOS_PER_SECOND,
             )
         self.pending, self.pending_rows, self.pending_since = [], 0, None
-        self.committed_watermark = point.low_watermark
+        self.landed(point.low_watermark)
+
+    def landed(self, low_watermark: Nanos) -> None:
+        """A commit up to ``low_watermark`` landed: the next checkpoint-only commit is due one
+        interval from now."""
+        self.committed_watermark = low_watermark
         self.last_commit_at = self.monotonic()
         self.commits += 1
 
@@ -173,6 +180,16 @@ def wait_for_lease(
     return None
 
 
+def start_moved(configured: Nanos | None, checkpoint: Checkpoint) -> bool:
+    """Whether a configured start disagrees with the one the job's first commit recorded.
+
+    A job's start never moves once recorded: the checkpoint wins and the configured value is
+    ignored (logged), as a standby or a restarted replica may carry an edited configuration.
+    """
+    recorded = checkpoint.job_start
+    return configured is not None and recorded is not None and configured != recorded
+
+
 def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> int:
     owner = uuid.uuid4().hex
     log = log.bind(job_id=config.effective_job_id, owner=owner)
@@ -191,10 +208,20 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
         return 0
     sink.continue_after(checkpoint)
     now = time.time_ns()
+    new_job = checkpoint is None
     if checkpoint is None:
         start = query.validate_start(config.start_timestamp or now, now, info)
-        resume = None
+        sink.start_job(start)
+        log.info("job_started", job_start=to_rfc3339(start))
+        resume = ResumePoint(start - 1, PartitionsCheckpoint((), ()))
     else:
+        if start_moved(config.start_timestamp, checkpoint):
+            log.warning(
+                "configured_start_ignored",
+                configured_start=to_rfc3339(config.start_timestamp or 0),
+                job_start=to_rfc3339(checkpoint.job_start or 0),
+                note="a job's start never moves; start a new job to read from another point",
+            )
         resume = checkpoint.resume_point
         start = query.validate_start(resume.low_watermark + 1, now, info)
     log.info(
@@ -224,6 +251,8 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
         info.retention_nanos,
         log,
     )
+    if new_job:
+        batcher.landed(resume.low_watermark)
     health = (
         HealthServer(config.health_port, config.readiness_s, batcher)
         if config.health_port

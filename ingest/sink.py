@@ -25,6 +25,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from ingest import changelog
 from ingest.checkpoint import Checkpoint, from_json, to_json
 from ingest.logs import null_logger
+from ingest.partitions import PartitionsCheckpoint
 from ingest.reader import ResumePoint
 from ingest.records import Transaction as SpannerTransaction
 from ingest.timestamps import Nanos
@@ -75,6 +76,7 @@ class DeltaChangeLogSink:
         self._wall_clock = wall_clock
         self._retry_attempts = retry_attempts
         self._next_version = 1
+        self._job_start: Nanos | None = None
 
     @property
     def job_id(self) -> str:
@@ -115,13 +117,21 @@ class DeltaChangeLogSink:
     def continue_after(self, checkpoint: Checkpoint | None) -> None:
         """Take over the job from its newest checkpoint (or start it)."""
         self._next_version = (checkpoint.version if checkpoint else 0) + 1
+        self._job_start = checkpoint.job_start if checkpoint else None
+
+    def start_job(self, start: Nanos) -> CommitResult:
+        """Make a new job's start durable before anything is read: version 1 holds no rows and
+        a checkpoint to resume from ``start``, so a crash before the first data commit cannot
+        move the start forward and skip what was committed in between."""
+        self._job_start = start
+        return self.commit([], ResumePoint(start - 1, PartitionsCheckpoint((), ())))
 
     def commit(
         self, transactions: Sequence[SpannerTransaction], resume_point: ResumePoint
     ) -> CommitResult:
         version = self._next_version
         checkpoint = Checkpoint(
-            self._job_id, version, self._owner, self._wall_clock(), resume_point
+            self._job_id, version, self._owner, self._wall_clock(), resume_point, self._job_start
         )
         rows = changelog.to_arrow(transactions)
         retrying = Retrying(

@@ -35,7 +35,10 @@ class ChangeLog:
 
     def __post_init__(self) -> None:
         self.sink = DeltaChangeLogSink(self.uri, "test-ingest", "owner")
-        self.sink.continue_after(self.sink.latest_checkpoint())
+        checkpoint = self.sink.latest_checkpoint()
+        self.sink.continue_after(checkpoint)
+        if checkpoint is None:
+            self.sink.start_job(START)
 
     def commit(self, *mods: tuple[str, str, dict[str, Any], dict[str, Any]]) -> Transaction:
         """One transaction of (table, mod_type, keys, new_values) mods, one record per mod."""

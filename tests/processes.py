@@ -18,14 +18,17 @@ BANKING = dict(transfer_weight=1.0, all_types_weight=0.0, cleanup_weight=0.0)
 class Service(Process):
     """``python -m ingest run`` for one job, with short intervals so tests move fast."""
 
-    def __init__(self, database_id: str, table: Path, log: Path, start: int, **env: str) -> None:
+    def __init__(
+        self, database_id: str, table: Path, log: Path, start: int | None, **env: str
+    ) -> None:
+        """``start`` None: no configured start timestamp, so a new job starts at "now"."""
         super().__init__(
             ["-m", "ingest", "run"],
             log,
             {
                 "SPANNER_DATABASE": database_id,
                 "INGEST_TABLE_URI": str(table),
-                "INGEST_START_TIMESTAMP": to_rfc3339(start),
+                **({} if start is None else {"INGEST_START_TIMESTAMP": to_rfc3339(start)}),
                 "INGEST_CHECKPOINT_INTERVAL_S": "1",
                 "INGEST_LEASE_S": "3",
                 "INGEST_FLUSH_LATENCY_MS": "200",
@@ -34,6 +37,8 @@ class Service(Process):
                 **env,
             },
         )
+        if start is None:
+            self.env.pop("INGEST_START_TIMESTAMP", None)
 
 
 class Pipeline(Process):

@@ -70,6 +70,21 @@ def seed(changelog: ChangeLog) -> None:
     changelog.land()
 
 
+def test_a_change_log_holding_only_a_new_jobs_empty_first_version_is_waited_on(
+    tmp_path: Path,
+) -> None:
+    config = configure(tmp_path)
+    changelog = ChangeLog(config.changelog_uri)
+    assert changelog.sink.latest_checkpoint() is not None
+
+    def no_spark() -> None:
+        raise AssertionError("Spark started with nothing to process")
+
+    stats = run_pipeline(config, null_logger(), threading.Event(), no_spark)
+    assert stats.batches == 0
+    assert not (tmp_path / "mirrors").exists()
+
+
 def test_mirrors_follow_the_change_log_and_replays_change_nothing(spark, tmp_path: Path) -> None:
     config = configure(tmp_path)
     changelog = ChangeLog(config.changelog_uri)

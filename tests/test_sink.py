@@ -110,3 +110,38 @@ def test_spark_reads_the_change_log_table(tmp_path: Path, spark) -> None:
     assert "2026-11-22T10:00:00.123456789Z" in texts
     first_cut = spark.read.format("delta").option("versionAsOf", 0).load(uri)
     assert first_cut.count() == 6
+
+
+def test_a_new_job_records_its_start_before_reading_and_every_commit_carries_it(
+    tmp_path: Path,
+) -> None:
+    uri = str(tmp_path / "t")
+    sink = DeltaChangeLogSink(uri, "job", "owner-a")
+    sink.continue_after(sink.latest_checkpoint())
+    started = sink.start_job(COMMIT)
+    assert (started.version, started.rows, started.delta_version) == (1, 0, 0)
+    first = sink.latest_checkpoint()
+    assert first is not None and first.job_start == COMMIT
+    assert first.resume_point == ResumePoint(COMMIT - 1, PartitionsCheckpoint((), ()))
+
+    restarted = DeltaChangeLogSink(uri, "job", "owner-b")
+    restarted.continue_after(restarted.latest_checkpoint())
+    restarted.commit(transactions(2), point(COMMIT + 5000))
+    latest = restarted.latest_checkpoint()
+    assert latest is not None and (latest.version, latest.job_start) == (2, COMMIT)
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 4
+
+
+def test_a_configured_start_that_disagrees_with_the_recorded_one_is_detected(
+    tmp_path: Path,
+) -> None:
+    from ingest.service import start_moved
+
+    sink = DeltaChangeLogSink(str(tmp_path / "t"), "job", "owner")
+    sink.continue_after(None)
+    sink.start_job(COMMIT)
+    recorded = sink.latest_checkpoint()
+    assert recorded is not None
+    assert not start_moved(None, recorded)
+    assert not start_moved(COMMIT, recorded)
+    assert start_moved(COMMIT + 1, recorded)

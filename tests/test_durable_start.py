@@ -1,0 +1,130 @@
+"""A new job's start position is durable before anything is read (real emulator, real service).
+
+Without it, a job started at "now" and killed before its first commit restarted at a new "now",
+silently skipping every transaction committed in between.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from ingest.timestamps import parse_rfc3339, to_rfc3339
+from tests.delta_checks import assert_change_log_invariants
+from tests.processes import Service, background_workload, wait_until_landed
+
+
+def _landed_state(table: Path) -> str:
+    """What the job had made durable when a process was killed."""
+    try:
+        rows = DeltaTable(str(table)).to_pyarrow_dataset().count_rows()
+    except TableNotFoundError:
+        return "nothing recorded"
+    return "start recorded, no row landed" if rows == 0 else "rows landed"
+
+
+@pytest.mark.emulator
+def test_a_new_job_killed_before_its_first_commit_loses_nothing(
+    new_database, tmp_path: Path
+) -> None:
+    seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
+    rng = random.Random(seed)
+    database = new_database("googlesql")
+    table = tmp_path / "changelog"
+    # A flush latency and checkpoint interval longer than the tests' usual ones leave a new job
+    # a window of seconds between its start commit and its first data commit.
+    service = Service(
+        database.database_id,
+        table,
+        tmp_path / "ingest.log",
+        None,
+        INGEST_FLUSH_LATENCY_MS="1500",
+        INGEST_CHECKPOINT_INTERVAL_S="2",
+        INGEST_LEASE_S="4",
+    )
+    thread, stop_workload, committed = background_workload(
+        database, seconds=600, rate=20, seed=seed
+    )
+    starts: list[int] = []
+    kills: list[str] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        starts.append(time.time_ns())
+        return service.start()
+
+    def kill(process: subprocess.Popen[bytes]) -> None:
+        process.kill()
+        process.wait()
+        kills.append(_landed_state(table))
+
+    try:
+        # A crash loop at start-up, before the process can have committed anything.
+        for _ in range(3):
+            process = start()
+            time.sleep(rng.uniform(0.2, 1.5))
+            kill(process)
+        # Killed once its start is durable, before (mostly) its first data commit.
+        for _ in range(4):
+            started = service.count("ingest_started")
+            process = start()
+            service.wait_for("ingest_started", started + 1, timeout=90, process=process)
+            time.sleep(rng.uniform(0.0, 0.3))
+            kill(process)
+        # Killed within the first seconds after a data commit.
+        for _ in range(3):
+            started = service.count("ingest_started")
+            process = start()
+            service.wait_for("ingest_started", started + 1, timeout=90, process=process)
+            owner = [e for e in service.events() if e["event"] == "ingest_started"][-1]["owner"]
+            service.wait_for(
+                "delta_commit",
+                1,
+                timeout=90,
+                process=process,
+                where=lambda e, owner=owner: e["owner"] == owner and e["transactions"] > 0,
+            )
+            time.sleep(rng.uniform(0.0, 2.0))
+            kill(process)
+        [job_started] = [e for e in service.events() if e["event"] == "job_started"]
+        job_start = parse_rfc3339(job_started["job_start"])
+        # The last process is configured with another start: the recorded one wins.
+        service.env["INGEST_START_TIMESTAMP"] = to_rfc3339(job_start - 10**9)
+        final = start()
+    finally:
+        stop_workload.set()
+        thread.join()
+    try:
+        events = service.events()
+        first_start = next(e for e in events if e["event"] == "ingest_started")
+        assert parse_rfc3339(first_start["start_timestamp"]) == job_start, (
+            "every process must resume from the start the first commit recorded"
+        )
+        expected = [t for t in committed if t.commit_timestamp >= job_start]
+        service.wait_for("configured_start_ignored", 1, process=final)
+        wait_until_landed(table, len(expected), timeout=120)
+        final.send_signal(signal.SIGTERM)
+        assert final.wait(timeout=20) == 0
+    finally:
+        final.kill()
+
+    versions = assert_change_log_invariants(table, expected)
+    recorded = {v.checkpoint.job_start for v in versions if v.checkpoint}
+    assert recorded == {job_start}, f"seed {seed}: checkpoints disagree on the start: {recorded}"
+    states = Counter(kills)
+    exposed = [n for n, state in enumerate(kills) if state == "start recorded, no row landed"]
+    assert len(kills) >= 10 and exposed, f"seed {seed}: kills left {dict(states)}"
+    # What a restart at a new "now" would have skipped: commits from the job's start until the
+    # process after the first kill that left only the start recorded.
+    restarted_at = starts[exposed[0] + 1]
+    at_stake = sum(job_start <= t.commit_timestamp < restarted_at for t in committed)
+    assert at_stake >= 5, f"seed {seed}: only {at_stake} transactions at stake"
+
