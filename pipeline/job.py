@@ -19,12 +19,13 @@ from typing import Any
 import structlog
 from pyspark.sql import types as T
 
-from pipeline.catalog import discover_shapes
+from pipeline.catalog import discover_shapes, version_holding
 from pipeline.checkpoint import CheckpointLock, checkpoint_id, roll_back_uncommitted_batch
 from pipeline.config import PipelineConfig
 from pipeline.mirror import ensure_mirror, mirror_uri, write_batch
 from pipeline.processor import (
     INPUT_COLUMNS,
+    ROW_NOT_APPLICABLE,
     SOURCE_SCHEMA_CHANGED,
     STATE_ROUNDTRIP_MISMATCH,
     ChangeApplier,
@@ -118,8 +119,18 @@ def spark_settings(config: PipelineConfig) -> dict[str, str]:
     No-data batches are off: in ProcessingTime mode transformWithState would otherwise run one
     every trigger forever (and ``availableNow`` would never end); tombstone TTLs expire on the
     next batch with data instead.
+
+    Mirrors hold timestamps as Parquet INT64 microseconds, not Spark's default INT96, which
+    deltalake reads as nanoseconds and cannot hold outside 1677 to 2262; Spanner's DATE and
+    TIMESTAMP cover years 1 to 9999 of the proleptic Gregorian calendar, written and read as they
+    are (CORRECTED), never rebased to the Julian one.
     """
     return {
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+        "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
+        "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+        "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         "spark.sql.streaming.stateStore.valueStateSchemaEvolutionThreshold": str(
             config.max_evolutions_per_variable
@@ -245,17 +256,27 @@ def run_pipeline(
                 break
             reason = next((m for m in RESTART_MARKERS if m in str(error)), None)
             if reason is None or stats.restarts >= config.max_restarts:
-                raise PipelineFailed(_first_line(error)) from error
+                raise PipelineFailed(_with_changelog_version(_first_line(error), config)) from error
             stats.restarts += 1
             stats.evolutions += reason == SOURCE_SCHEMA_CHANGED
             log.warning("pipeline_query_restarting", reason=reason, restarts=stats.restarts)
     return stats
 
 
+def _with_changelog_version(line: str, config: PipelineConfig) -> str:
+    """A row the job cannot apply, located in the change log for whoever must resolve it."""
+    found = re.search(rf"{ROW_NOT_APPLICABLE}: .*?, commit (\S+),", line)
+    if found is None:
+        return line
+    version = version_holding(config.changelog_uri, found.group(1))
+    start = line.index(ROW_NOT_APPLICABLE)
+    return f"{line[start:]} (change-log version {version}); the job stops: retrying cannot help"
+
+
 def _first_line(error: BaseException) -> str:
     """The line an operator needs from a Spark failure: the cause, not the Java stack."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    for marker in RESTART_MARKERS:
+    for marker in (*RESTART_MARKERS, ROW_NOT_APPLICABLE):
         for line in lines:
             if marker in line:
                 return line

@@ -10,6 +10,7 @@ conflict (seed 001). A conflict that does happen left nothing committed; it is r
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -37,41 +38,77 @@ def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def ensure_mirror(spark: SparkSession, uri: str, shape: TableShape, log: Logger) -> None:
-    """Create the mirror, add new columns, and rewrite columns whose type changed (STRING↔BYTES).
+GENERATIONS_PROPERTY = "spanner_cdc.generations"
+"""Mirror table property: the generation each column holds (pipeline.types.Generation)."""
 
-    Delta cannot retype a column in place for string↔binary; the mirror is rewritten with the
-    cast values. Either change is a metadata change: concurrent readers of the mirror fail once and
-    must be restarted (seed 001).
+
+def ensure_mirror(spark: SparkSession, uri: str, shape: TableShape, log: Logger) -> None:
+    """Create the mirror, add new columns, and rewrite columns whose type changed.
+
+    STRING↔BYTES: Delta cannot retype a column in place, so the mirror is rewritten with the cast
+    values (Spanner converts them too). A column dropped and added again with another type is a new
+    generation: Spanner holds NULL in it for every row, and so does the rewritten mirror. Either
+    rewrite is a metadata change: concurrent readers of the mirror fail once and must be restarted
+    (seed 001).
     """
     from delta.tables import DeltaTable
 
     wanted = shape.struct()
+    generations = {c.name: len(shape.generations_of(c)) for c in shape.columns}
     if not DeltaTable.isDeltaTable(spark, uri):
         spark.createDataFrame([], wanted).write.format("delta").save(uri)
+        _record_generations(spark, uri, generations)
         log.info("mirror_created", table=shape.name, uri=uri, columns=len(wanted.fields))
         return
     current = spark.read.format("delta").load(uri).schema
     existing = {f.name: f.dataType for f in current.fields}
-    retyped = [f for f in wanted.fields if f.name in existing and existing[f.name] != f.dataType]
-    if retyped:
+    detail = DeltaTable.forPath(spark, uri).detail().select("properties").first()
+    recorded = json.loads(((detail and detail[0]) or {}).get(GENERATIONS_PROPERTY) or "{}")
+    renewed = [
+        f
+        for f in wanted.fields
+        if f.name in existing and generations[f.name] > recorded.get(f.name, 1)
+    ]
+    retyped = [
+        f
+        for f in wanted.fields
+        if f.name in existing and existing[f.name] != f.dataType and f not in renewed
+    ]
+    if retyped or renewed:
         data = spark.read.format("delta").load(uri)
-        casts = [
-            F.col(_quoted(f.name)).cast(f.dataType).alias(f.name)
-            if f in retyped
-            else F.col(_quoted(f.name))
+        columns = [
+            F.lit(None).cast(f.dataType).alias(f.name)
+            if f in renewed
+            else F.col(_quoted(f.name)).cast(f.dataType).alias(f.name)
             for f in wanted.fields
             if f.name in existing
         ]
-        data.select(*casts).write.format("delta").mode("overwrite").option(
+        data.select(*columns).write.format("delta").mode("overwrite").option(
             "overwriteSchema", "true"
         ).save(uri)
-        log.info("mirror_columns_retyped", table=shape.name, columns=[f.name for f in retyped])
+        if retyped:
+            log.info("mirror_columns_retyped", table=shape.name, columns=[f.name for f in retyped])
+        if renewed:
+            log.info(
+                "mirror_columns_renewed", table=shape.name, columns=[f.name for f in renewed]
+            )
     added = [f for f in wanted.fields if f.name not in existing]
     if added:
-        columns = ", ".join(f"{_quoted(f.name)} {f.dataType.simpleString()}" for f in added)
-        spark.sql(f"ALTER TABLE delta.{_quoted(uri)} ADD COLUMNS ({columns})")
+        columns_sql = ", ".join(f"{_quoted(f.name)} {f.dataType.simpleString()}" for f in added)
+        spark.sql(f"ALTER TABLE delta.{_quoted(uri)} ADD COLUMNS ({columns_sql})")
         log.info("mirror_columns_added", table=shape.name, columns=[f.name for f in added])
+    if recorded != {name: number for name, number in generations.items() if number > 1}:
+        _record_generations(spark, uri, generations)
+
+
+def _record_generations(spark: SparkSession, uri: str, generations: dict[str, int]) -> None:
+    newer = {name: number for name, number in sorted(generations.items()) if number > 1}
+    if not newer:
+        return
+    text = json.dumps(newer, separators=(",", ":"))
+    spark.sql(
+        f"ALTER TABLE delta.{_quoted(uri)} SET TBLPROPERTIES ('{GENERATIONS_PROPERTY}' = '{text}')"
+    )
 
 
 def _narrowing_condition(source: DataFrame, shape: TableShape) -> SparkColumn:

@@ -9,6 +9,7 @@ final image (UPSERT) or the key alone (DELETE) for the mirror MERGE.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -24,10 +25,11 @@ from pipeline.state_schema import (
     TOMBSTONE,
     row_variable,
 )
-from pipeline.types import TableShape, parse_column_types, spark_value
+from pipeline.types import TableShape, mirror_value, parse_column_types, spark_value, state_value
 
 SOURCE_SCHEMA_CHANGED = "SOURCE_SCHEMA_CHANGED"
 STATE_ROUNDTRIP_MISMATCH = "STATE_ROUNDTRIP_MISMATCH"
+ROW_NOT_APPLICABLE = "ROW_NOT_APPLICABLE"
 OPERATION = "_cdc_operation"
 INPUT_COLUMNS = [
     "table_name",
@@ -49,6 +51,22 @@ class SourceSchemaChanged(RuntimeError):
 
 class StateRoundTripMismatch(RuntimeError):
     """A state value read back differs from what was written (the open-source evolution bug)."""
+
+
+class RowNotApplicable(RuntimeError):
+    """A change-log row this version cannot apply: retrying cannot help, so the job stops.
+
+    The message names the table, a digest of the key, the row's position and the reason, never
+    a value (it reaches the logs).
+    """
+
+    def __init__(self, table: str, keys_json: str, row: Any, reason: str) -> None:
+        digest = hashlib.sha256(keys_json.encode()).hexdigest()[:16]
+        super().__init__(
+            f"{ROW_NOT_APPLICABLE}: table {table!r}, key sha256:{digest}, commit "
+            f"{row['commit_timestamp_text']}, transaction {row['server_transaction_id']}, "
+            f"record {row['record_sequence']} mod {row['mod_index']}: {reason}"
+        )
 
 
 def output_schema(shapes: Mapping[str, TableShape]) -> T.StructType:
@@ -89,7 +107,7 @@ class ChangeApplier(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         for name in self.deleted_variables:
             handle.deleteIfExists(name)
-        self.structs = {table: shape.struct() for table, shape in self.shapes.items()}
+        self.structs = {table: shape.state_struct() for table, shape in self.shapes.items()}
         self.images = {
             table: handle.getValueState(row_variable(table), struct)
             for table, struct in self.structs.items()
@@ -115,12 +133,15 @@ class ChangeApplier(StatefulProcessor):
             if last is not None and position(row) <= last:
                 continue
             columns = self._columns(row["column_types"])
-            if not self._covers(shape, row["column_types"], columns):
+            if not self._covers(shape, row, columns):
                 raise SourceSchemaChanged(
                     f"{SOURCE_SCHEMA_CHANGED}: table {table!r} has new or retyped columns"
                 )
             deleted = row["mod_type"] == "DELETE"
-            image = None if deleted else self._apply(shape, image, columns, row)
+            try:
+                image = None if deleted else self._apply(shape, image, columns, row)
+            except _ValueError as error:
+                raise RowNotApplicable(table, keys_json, row, error.reason) from error
             stats = _count(stats, row)
             last, applied = position(row), row
         if applied is None:
@@ -136,23 +157,31 @@ class ChangeApplier(StatefulProcessor):
             self.last_applied.clear()
             self.change_stats.clear()
             self.tombstone.update(marker)
-            image = self._key_image(shape, keys_json)
+            output = self._key_image(shape, keys_json)
             operation = "DELETE"
         else:
             written = tuple(image.get(name) for name in struct.fieldNames())
-            image_state.update(written)
+            try:
+                image_state.update(written)
+            except Exception as error:
+                reason = f"state refused the row image: {_first_line(error)}"
+                raise RowNotApplicable(table, keys_json, applied, reason) from error
             self.last_applied.update(marker)
             self.change_stats.update(tuple(stats[f] for f in CHANGE_STATS.fieldNames()))
             if tombstoned:
                 self.tombstone.clear()
             self._check_round_trip(table, image_state, image)
+            output = {
+                c.name: mirror_value(c.type, image.get(shape.generations_of(c)[-1].field))
+                for c in shape.columns
+            }
             operation = "UPSERT"
         values = {
             "table_name": table,
             "keys": keys_json,
             OPERATION: operation,
             "commit_timestamp_text": marker[0],
-            row_variable(table): tuple(image.get(n) for n in struct.fieldNames()),
+            row_variable(table): tuple(output.get(c.name) for c in shape.columns),
         }
         yield Row(*self.output_fields)(*(values.get(name) for name in self.output_fields))
 
@@ -167,10 +196,12 @@ class ChangeApplier(StatefulProcessor):
                 return position(marker), state is self.tombstone
         return None, False
 
-    def _covers(self, shape: TableShape, column_types: str, columns: list[ColumnType]) -> bool:
-        known = self.covered.get((shape.name, column_types))
+    def _covers(self, shape: TableShape, row: Row, columns: list[ColumnType]) -> bool:
+        history = row["commit_timestamp_text"] <= shape.learned_through
+        cached = (shape.name, row["column_types"], history)
+        known = self.covered.get(cached)
         if known is None:
-            known = self.covered[(shape.name, column_types)] = shape.covers(columns)
+            known = self.covered[cached] = shape.covers(row["commit_timestamp_text"], columns)
         return known
 
     def _columns(self, column_types: str) -> list[ColumnType]:
@@ -183,12 +214,23 @@ class ChangeApplier(StatefulProcessor):
     def _apply(
         shape: TableShape, image: dict[str, Any] | None, columns: list[ColumnType], row: Row
     ) -> dict[str, Any]:
-        """Merge the mod's keys and new values into the image (NEW_VALUES sends changed ones)."""
-        types = {c.name: c.type for c in columns}
+        """Merge the mod's keys and new values into the image (NEW_VALUES sends changed ones),
+        each read with the column types of its own change record, into its generation's field."""
+        types = {c.name: c for c in columns}
         updated = dict(image or {})
+        when = row["commit_timestamp_text"]
         for text in (row["keys"], row["new_values"]):
             for name, value in json.loads(text).items():
-                updated[name] = spark_value(types[name], value)
+                column = types.get(name)
+                if column is None:
+                    raise _ValueError(f"column {name!r} is not in the row's column_types")
+                known = shape.column(name) or column
+                try:
+                    updated[shape.state_field(known, when)] = state_value(column.type, value)
+                except (ValueError, TypeError, ArithmeticError, LookupError) as error:
+                    # from None: the decoder's message holds the value, and tracebacks are logged
+                    code = column.type.get("code")
+                    raise _ValueError(f"column {name!r} ({code}): {type(error).__name__}") from None
         return updated
 
     @staticmethod
@@ -214,6 +256,19 @@ class ChangeApplier(StatefulProcessor):
             raise StateRoundTripMismatch(
                 f"{STATE_ROUNDTRIP_MISMATCH}: {row_variable(table)} fields {lost} read back None"
             )
+
+
+class _ValueError(Exception):
+    """A mod value that cannot be read with its column type; the reason holds no value."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(error).__name__)[:300]
 
 
 def _read(state: Any, schema: T.StructType) -> dict[str, Any] | None:

@@ -39,6 +39,9 @@ CHANGE_STATS = T.StructType(
 )
 TOMBSTONE = LAST_APPLIED
 """The position of the delete, kept (with a TTL) so replays of older changes stay ignored."""
+STATE_LAYOUT = 2
+"""How row images map Spanner types to state fields (pipeline.types.state_type). Layout 1 kept
+each column in its mirror type; layout 2 keeps STRING as bytes and arrays as JSON text."""
 
 
 def row_variable(table: str) -> str:
@@ -47,7 +50,7 @@ def row_variable(table: str) -> str:
 
 def state_schemas(shapes: Mapping[str, TableShape]) -> dict[str, T.StructType]:
     """Every state variable of the change applier: one row image per table, then bookkeeping."""
-    schemas = {row_variable(name): shape.struct() for name, shape in sorted(shapes.items())}
+    schemas = {row_variable(name): shape.state_struct() for name, shape in sorted(shapes.items())}
     schemas.update(last_applied=LAST_APPLIED, change_stats=CHANGE_STATS, tombstone=TOMBSTONE)
     return schemas
 
@@ -115,6 +118,7 @@ class Deployment:
     schemas: dict[str, T.StructType]
     deleted: tuple[str, ...] = ()
     recorded_at: str = ""
+    layout: int = STATE_LAYOUT
 
 
 def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -159,6 +163,7 @@ class SchemaRegistry:
             },
             deleted=tuple(document.get("deleted", [])),
             recorded_at=document.get("recorded_at", ""),
+            layout=document.get("layout", 1),
         )
 
     def latest(self) -> Deployment | None:
@@ -178,6 +183,7 @@ class SchemaRegistry:
             recorded_at=dt.datetime.now(dt.UTC).isoformat(),
         )
         document = {
+            "layout": STATE_LAYOUT,
             "number": number,
             "recorded_at": deployment.recorded_at,
             "deleted": list(deleted),
@@ -299,6 +305,17 @@ def check_evolution(
                 f"this would be evolution {query_evolutions} of the query, the limit is "
                 f"{limits.per_query} (max_evolutions_per_query; Spark's "
                 "spark.sql.streaming.stateStore.maxNumStateSchemaFiles)",
+            )
+        )
+    if refusals and history[-1].layout < STATE_LAYOUT:
+        refusals.append(
+            Refusal(
+                "*",
+                "",
+                "state layout changed",
+                f"the checkpoint was recorded with state layout {history[-1].layout}, this "
+                f"version uses layout {STATE_LAYOUT} (STRING as bytes, arrays as JSON text); "
+                "rebuild the mirrors from the change log (README, Replay)",
             )
         )
     if refusals:

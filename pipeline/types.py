@@ -10,12 +10,14 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Context, Decimal
 from typing import Any
 
 from pyspark.sql import types as T
 
+from ingest.encoding import canonical_json
 from ingest.records import ColumnType
 from ingest.timestamps import parse_rfc3339
 from ingest.values import decode_value
@@ -37,19 +39,64 @@ _SCALARS: dict[str, T.DataType] = {
 }
 
 
+_TEXT_OR_BYTES = {"STRING", "BYTES"}
+
+
+def _is_pg_numeric(spanner_type: dict[str, Any]) -> bool:
+    """PostgreSQL NUMERIC: arbitrary precision and NaN, beyond DECIMAL(38, 9); kept as text."""
+    return spanner_type.get("type_annotation") == "PG_NUMERIC"
+
+
 def spark_type(spanner_type: dict[str, Any]) -> T.DataType:
-    """The Spark type of a Spanner type; anything unmapped is carried as its JSON text."""
+    """The mirror's Spark type of a Spanner type; anything unmapped is carried as its JSON text."""
     code = spanner_type.get("code")
     if code == "ARRAY":
         return T.ArrayType(spark_type(spanner_type.get("array_element_type") or {}))
+    if _is_pg_numeric(spanner_type):
+        return T.StringType()
     return _SCALARS.get(code or "", T.StringType())
+
+
+def state_type(spanner_type: dict[str, Any]) -> T.DataType:
+    """How the row image keeps a column in state (state layout 2).
+
+    STRING and BYTES are both kept as bytes (STRING as UTF-8, as Spanner converts them), so a
+    STRING↔BYTES change never touches state and rows of either type apply to the same field.
+    Arrays are kept as JSON text: Spark's Avro state encoding refuses NULL array elements, which
+    Spanner allows in every array type.
+    """
+    code = spanner_type.get("code")
+    if code == "ARRAY":
+        return T.StringType()
+    if code in _TEXT_OR_BYTES:
+        return T.BinaryType()
+    return spark_type(spanner_type)
 
 
 def is_mapped(spanner_type: dict[str, Any]) -> bool:
     code = spanner_type.get("code")
     if code == "ARRAY":
         return is_mapped(spanner_type.get("array_element_type") or {})
-    return code in _SCALARS
+    return code in _SCALARS and not _is_pg_numeric(spanner_type)
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A column between a drop and a re-add under another state type.
+
+    Spanner keeps no value across a drop, so each generation has a state field of its own: the
+    column name, then ``<name>__g2``, ``<name>__g3``... A STRING↔BYTES change is not a new
+    generation: Spanner converts the values and the state type is the same.
+    """
+
+    field: str
+    state_type: T.DataType
+    since: str
+    """Commit timestamp (RFC 3339 text) of the generation's first row; "" for the first."""
+
+
+def generation_field(column: str, number: int) -> str:
+    return column if number == 1 else f"{column}__g{number}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +105,11 @@ class TableShape:
 
     name: str
     columns: tuple[ColumnType, ...]
+    learned_through: str = ""
+    """The newest commit timestamp (RFC 3339 text) of the table's rows the shape was learned from:
+    rows up to it are history, whatever their column types."""
+    generations: tuple[tuple[str, tuple[Generation, ...]], ...] = ()
+    """Columns that had more than one generation, oldest first."""
 
     @property
     def key_columns(self) -> tuple[ColumnType, ...]:
@@ -66,11 +118,42 @@ class TableShape:
     def column(self, name: str) -> ColumnType | None:
         return next((c for c in self.columns if c.name == name), None)
 
+    def generations_of(self, column: ColumnType) -> tuple[Generation, ...]:
+        for name, generations in self.generations:
+            if name == column.name:
+                return generations
+        return (Generation(column.name, state_type(column.type), ""),)
+
     def struct(self) -> T.StructType:
+        """The mirror table's columns."""
         return T.StructType([T.StructField(c.name, spark_type(c.type), True) for c in self.columns])
 
-    def covers(self, columns: list[ColumnType]) -> bool:
-        """True when every column (name and type) of a change record is already in this shape."""
+    def state_struct(self) -> T.StructType:
+        """The row image's fields in state: one per column generation."""
+        return T.StructType(
+            [
+                T.StructField(g.field, g.state_type, True)
+                for c in self.columns
+                for g in self.generations_of(c)
+            ]
+        )
+
+    def state_field(self, column: ColumnType, commit_timestamp_text: str) -> str:
+        """The state field a value of ``column`` committed at that time belongs to."""
+        generations = self.generations_of(column)
+        if len(generations) == 1:
+            return generations[0].field
+        return [g for g in generations if g.since <= commit_timestamp_text][-1].field
+
+    def covers(self, commit_timestamp_text: str, columns: list[ColumnType]) -> bool:
+        """Whether a change record applies under this shape without learning it again.
+
+        A record the shape was learned from applies with its own column types (an older type is
+        converted: STRING↔BYTES; an older generation has its own field); a newer record must have
+        only known columns of the newest types, or the shape (and the mirror) must follow it.
+        """
+        if commit_timestamp_text <= self.learned_through:
+            return all(self.column(c.name) is not None for c in columns)
         return all(
             (known := self.column(c.name)) is not None
             and spark_type(known.type) == spark_type(c.type)
@@ -91,21 +174,83 @@ def parse_column_types(column_types_json: str) -> list[ColumnType]:
     ]
 
 
-def merge_shapes(observed: list[tuple[str, str]]) -> dict[str, TableShape]:
-    """Table shapes from (table_name, column_types JSON) pairs in commit order, oldest first.
+Interval = tuple[str, str, str, str]
+"""(table_name, column_types JSON, first commit timestamp text, last commit timestamp text)."""
+Resolver = Callable[[str, str, dict[str, T.DataType]], list[tuple[str, T.DataType]]]
+"""(table, column, its state type by column_types text) → the column's exact type runs."""
 
-    A column keeps its newest type (STRING↔BYTES changes) and its position; columns dropped from
-    Spanner stay, since older rows still hold them.
+
+def merge_shapes(
+    observed: list[Interval], resolve: Resolver | None = None
+) -> dict[str, TableShape]:
+    """Table shapes from the change log's (table, column_types) intervals, in any order.
+
+    A column keeps the type of its newest appearance (STRING↔BYTES changes) and its position;
+    columns dropped from Spanner stay, since older rows still hold them. A column whose state type
+    changed (dropped and added again with another type) gets one generation per type run; when
+    intervals of different types overlap in time (a type came back under the same column list),
+    ``resolve`` finds the exact change points from the rows.
     """
+    observed = sorted(observed, key=lambda interval: interval[3])
     columns: dict[str, dict[str, ColumnType]] = {}
-    for table, column_types in observed:
+    through: dict[str, str] = {}
+    spans: dict[tuple[str, str], list[tuple[str, str, T.DataType, str]]] = {}
+    for table, column_types, first, last in observed:
         known = columns.setdefault(table, {})
+        through[table] = max(through.get(table, ""), last)
         for column in parse_column_types(column_types):
             known[column.name] = column
+            spans.setdefault((table, column.name), []).append(
+                (first, last, state_type(column.type), column_types)
+            )
+    generations: dict[str, list[tuple[str, tuple[Generation, ...]]]] = {}
+    for (table, name), intervals in sorted(spans.items()):
+        runs = _type_runs(intervals)
+        if runs is None:
+            kinds = {text: kind for _, _, kind, text in intervals}
+            runs = (resolve or _unresolvable)(table, name, kinds)
+        if len(runs) > 1:
+            generations.setdefault(table, []).append(
+                (
+                    name,
+                    tuple(
+                        Generation(generation_field(name, n), kind, "" if n == 1 else since)
+                        for n, (since, kind) in enumerate(runs, 1)
+                    ),
+                )
+            )
     return {
-        table: TableShape(table, tuple(sorted(cols.values(), key=lambda c: c.ordinal_position)))
+        table: TableShape(
+            table,
+            tuple(sorted(cols.values(), key=lambda c: c.ordinal_position)),
+            through[table],
+            tuple(generations.get(table, ())),
+        )
         for table, cols in sorted(columns.items())
     }
+
+
+def _type_runs(
+    intervals: list[tuple[str, str, T.DataType, str]],
+) -> list[tuple[str, T.DataType]] | None:
+    """(since, state type) runs of one column, or None when types overlap in time."""
+    runs: list[tuple[str, T.DataType]] = []
+    run_end = ""
+    for first, last, kind, _ in sorted(intervals, key=lambda i: i[0]):
+        if runs and runs[-1][1] == kind:
+            run_end = max(run_end, last)
+            continue
+        if runs and first <= run_end:
+            return None
+        runs.append((first, kind))
+        run_end = last
+    return runs
+
+
+def _unresolvable(
+    table: str, column: str, kinds: dict[str, T.DataType]
+) -> list[tuple[str, T.DataType]]:
+    raise ValueError(f"{table}.{column} changed type under one column list; rows are needed")
 
 
 def spark_value(spanner_type: dict[str, Any], value: Any) -> Any:
@@ -120,6 +265,59 @@ def spark_value(spanner_type: dict[str, Any], value: Any) -> Any:
     if not is_mapped(spanner_type):
         return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     return _scalar(spanner_type, value, raw=True)
+
+
+def state_value(spanner_type: dict[str, Any], value: Any) -> Any:
+    """A mod value, read with the column type of its own change record, as state keeps it."""
+    if value is None:
+        return None
+    code = spanner_type.get("code")
+    if code == "ARRAY":
+        element = spanner_type.get("array_element_type") or {}
+        decoded = decode_value(spanner_type, value)
+        return canonical_json(
+            [
+                None if d is None else _element_state(element, raw, d)
+                for raw, d in zip(value, decoded, strict=True)
+            ]
+        )
+    if code == "STRING":
+        return value.encode()
+    return spark_value(spanner_type, value)
+
+
+def _element_state(element_type: dict[str, Any], raw: Any, decoded: Any) -> Any:
+    """Array elements stay as Spanner sent them, but text and bytes both as base64 bytes."""
+    if element_type.get("code") == "STRING":
+        return base64.b64encode(decoded.encode()).decode()
+    return raw
+
+
+def mirror_value(spanner_type: dict[str, Any], stored: Any) -> Any:
+    """A state value as the mirror column of the table's newest ``spanner_type`` holds it."""
+    if stored is None:
+        return None
+    code = spanner_type.get("code")
+    if code == "ARRAY":
+        element = spanner_type.get("array_element_type") or {}
+        items = json.loads(stored)
+        return [None if item is None else _element_mirror(element, item) for item in items]
+    if code == "STRING":
+        return bytes(stored).decode()
+    if code == "BYTES":
+        return bytes(stored)
+    return stored
+
+
+def _element_mirror(element_type: dict[str, Any], item: Any) -> Any:
+    code = element_type.get("code")
+    if code == "STRING":
+        return base64.b64decode(item).decode()
+    if code == "BYTES":
+        return base64.b64decode(item)
+    if not is_mapped(element_type):
+        return item if isinstance(item, str) else json.dumps(item, sort_keys=True)
+    return _scalar(element_type, item, raw=True)
 
 
 def _scalar(spanner_type: dict[str, Any], value: Any, raw: bool) -> Any:

@@ -13,6 +13,7 @@ import datetime as dt
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from deltalake import DeltaTable
@@ -194,6 +195,8 @@ def canonical(
         return moment.replace(microsecond=moment.microsecond // unit * unit).isoformat(
             timespec="microseconds"
         )
+    if spanner_type.get("type_annotation") == "PG_NUMERIC":
+        return str(Decimal(str(value)).normalize())
     if code == "NUMERIC":
         return numeric(value)
     if code == "JSON":

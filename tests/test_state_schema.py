@@ -172,9 +172,8 @@ def test_state_schemas_follow_the_spanner_type_mapping() -> None:
             for c in columns
         ]
     )
-    schemas = state_schemas(merge_shapes([("t", payload)]))
-    row = schemas["row_t"]
-    assert [f.dataType.simpleString() for f in row.fields] == [
+    shapes = merge_shapes([("t", payload, "2026-01-01T00:00:00.000000000Z")])
+    assert [f.dataType.simpleString() for f in shapes["t"].struct().fields] == [
         "bigint",
         "double",
         "float",
@@ -187,6 +186,24 @@ def test_state_schemas_follow_the_spanner_type_mapping() -> None:
         "string",
         "string",
         "array<bigint>",
+    ]
+    schemas = state_schemas(shapes)
+    row = schemas["row_t"]
+    # State layout 2: STRING kept as bytes (STRING↔BYTES never touches state), arrays as JSON
+    # text (Spark's Avro state refuses NULL elements).
+    assert [f.dataType.simpleString() for f in row.fields] == [
+        "bigint",
+        "double",
+        "float",
+        "boolean",
+        "binary",
+        "binary",
+        "date",
+        "timestamp",
+        "decimal(38,9)",
+        "string",
+        "string",
+        "string",
     ]
     assert set(schemas) == {"row_t", "last_applied", "change_stats", "tombstone"}
     fastavro.parse_schema(avro_schema(row, "row_t"))
@@ -306,3 +323,18 @@ def test_a_lock_file_cut_short_blocks_only_until_it_is_stale(tmp_path: Path) -> 
     finally:
         lock.release()
     assert not lock_file.exists()
+
+
+def test_a_layout_1_checkpoint_with_arrays_is_refused_with_how_to_rebuild() -> None:
+    old = {"row_t": struct(id=T.LongType(), s=T.StringType(), a=T.ArrayType(T.LongType()))}
+    new = {"row_t": struct(id=T.LongType(), s=T.BinaryType(), a=T.StringType())}
+    with pytest.raises(StateSchemaError) as caught:
+        check_evolution([Deployment(1, old, layout=1)], new)
+    message = str(caught.value)
+    assert "field 'a': type change: array<bigint> → string" in message
+    assert "state layout changed" in message and "Replay" in message
+    assert "field 's'" not in message  # string → binary carries the values across
+    check_evolution(
+        [Deployment(1, {"row_t": struct(id=T.LongType(), s=T.StringType())}, layout=1)],
+        {"row_t": struct(id=T.LongType(), s=T.BinaryType())},
+    )
