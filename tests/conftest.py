@@ -13,6 +13,9 @@ from google.cloud.spanner_v1.database import Database
 from emulator.bootstrap import bootstrap
 from emulator.server import EmulatorNotFound, emulator, find_emulator_binary
 
+pytest_plugins = ["tests.pipeline_runs"]
+"""The ``spark`` fixture of the pipeline tests (a module that defines its own keeps it)."""
+
 TOKEN_ALIVE_SECONDS = 1
 """Partition tokens live 1 to 2 s on the emulator. At 2 (2 to 4 s) a loaded 2-core machine
 churned too slowly for 5 split/merge cycles in a 55 s run; faster churn is the harder test."""

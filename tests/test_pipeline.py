@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import functools
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,44 +16,12 @@ from ingest.logs import null_logger
 from ingest.records import ColumnType
 from pipeline import job
 from pipeline.checkpoint import CheckpointInUse, CheckpointLock
-from pipeline.config import PipelineConfig
-from pipeline.job import PipelineFailed, run_pipeline, spark_settings
-from pipeline.mirror import read_mirror
-from pipeline.session import build_session
+from pipeline.job import PipelineFailed, run_pipeline
 from pipeline.state_schema import SchemaRegistry
 from tests.changelog_builder import ACCOUNTS, ChangeLog
+from tests.pipeline_runs import configure, mirror_rows, processed_three_ways, run
 
 EMAIL = ColumnType("email", {"code": "STRING"}, False, 4)
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = build_session(
-        "pipeline-tests", extra=spark_settings(PipelineConfig()), shuffle_partitions=2
-    )
-    yield session
-    session.stop()
-
-
-def configure(tmp_path: Path, **overrides: object) -> PipelineConfig:
-    settings = dict(
-        changelog_uri=str(tmp_path / "changelog"),
-        mirror_root=str(tmp_path / "mirrors"),
-        checkpoint_uri=str(tmp_path / "checkpoint"),
-        trigger="available-now",
-        max_restarts=3,
-    )
-    settings.update(overrides)
-    return PipelineConfig(**settings)  # type: ignore[arg-type]
-
-
-def run(spark, config: PipelineConfig) -> job.JobStats:
-    return run_pipeline(config, null_logger(), threading.Event(), lambda: spark)
-
-
-def mirror_rows(spark, config: PipelineConfig, table: str = "accounts") -> dict[int, dict]:
-    rows = read_mirror(spark, config.mirror_root, table).collect()
-    return {row["account_id"]: row.asDict() for row in rows}
 
 
 def seed(changelog: ChangeLog) -> None:
@@ -339,34 +306,6 @@ def land_string_bytes_history(changelog: ChangeLog, stage: int) -> None:
             ("accounts", "INSERT", {"account_id": "6"}, {"owner": "fay", "balance": "1"})
         )
         changelog.land()
-
-
-def processed_three_ways(
-    spark, tmp_path: Path, stages: list[Callable[[ChangeLog], None]]
-) -> list[dict[int, dict]]:
-    """The mirrors of a job that follows each stage, of one that meets all but the first at
-    once, and of a rebuild from the whole change log: each row must apply with its own types."""
-    following = configure(tmp_path / "following")
-    changelog = ChangeLog(following.changelog_uri)
-    for stage in stages:
-        stage(changelog)
-        run(spark, following)
-
-    behind = configure(tmp_path / "behind")
-    late = ChangeLog(behind.changelog_uri)
-    stages[0](late)
-    run(spark, behind)
-    for stage in stages[1:]:
-        stage(late)
-    assert run(spark, behind).restarts <= 1
-
-    rebuilt = configure(
-        tmp_path / "following",
-        mirror_root=str(tmp_path / "rebuilt"),
-        checkpoint_uri=str(tmp_path / "rebuilt-checkpoint"),
-    )
-    assert run(spark, rebuilt).restarts == 0
-    return [mirror_rows(spark, config) for config in (following, behind, rebuilt)]
 
 
 def test_string_bytes_changes_are_crossed_by_a_job_that_is_behind_and_by_a_replay(

@@ -172,7 +172,8 @@ def test_state_schemas_follow_the_spanner_type_mapping() -> None:
             for c in columns
         ]
     )
-    shapes = merge_shapes([("t", payload, "2026-01-01T00:00:00.000000000Z")])
+    at = "2026-01-01T00:00:00.000000000Z"
+    shapes = merge_shapes([("t", payload, at, at)])
     assert [f.dataType.simpleString() for f in shapes["t"].struct().fields] == [
         "bigint",
         "double",

@@ -1,0 +1,81 @@
+"""The pipeline run by tests on one Spark session: configuration, runs, mirrors read back."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ingest.logs import null_logger
+from pipeline import job
+from pipeline.config import PipelineConfig
+from pipeline.job import run_pipeline, spark_settings
+from pipeline.mirror import read_mirror
+from pipeline.session import build_session
+from tests.changelog_builder import ChangeLog
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = build_session(
+        "pipeline-tests", extra=spark_settings(PipelineConfig()), shuffle_partitions=2
+    )
+    yield session
+    session.stop()
+
+
+def configure(tmp_path: Path, **overrides: object) -> PipelineConfig:
+    settings = dict(
+        changelog_uri=str(tmp_path / "changelog"),
+        mirror_root=str(tmp_path / "mirrors"),
+        checkpoint_uri=str(tmp_path / "checkpoint"),
+        trigger="available-now",
+        max_restarts=3,
+    )
+    settings.update(overrides)
+    return PipelineConfig(**settings)  # type: ignore[arg-type]
+
+
+def run(spark, config: PipelineConfig) -> job.JobStats:
+    return run_pipeline(config, null_logger(), threading.Event(), lambda: spark)
+
+
+def mirror_rows(
+    spark, config: PipelineConfig, table: str = "accounts", key: str = "account_id"
+) -> dict[int, dict]:
+    rows = read_mirror(spark, config.mirror_root, table).collect()
+    return {row[key]: row.asDict() for row in rows}
+
+
+def processed_three_ways(
+    spark,
+    tmp_path: Path,
+    stages: list[Callable[[ChangeLog], None]],
+    table: str = "accounts",
+    key: str = "account_id",
+) -> list[dict[int, dict]]:
+    """The mirrors of a job that follows each stage, of one that meets all but the first at
+    once, and of a rebuild from the whole change log: each row must apply with its own types."""
+    following = configure(tmp_path / "following")
+    changelog = ChangeLog(following.changelog_uri)
+    for stage in stages:
+        stage(changelog)
+        run(spark, following)
+
+    behind = configure(tmp_path / "behind")
+    late = ChangeLog(behind.changelog_uri)
+    stages[0](late)
+    run(spark, behind)
+    for stage in stages[1:]:
+        stage(late)
+    assert run(spark, behind).restarts <= 1
+
+    rebuilt = configure(
+        tmp_path / "following",
+        mirror_root=str(tmp_path / "rebuilt"),
+        checkpoint_uri=str(tmp_path / "rebuilt-checkpoint"),
+    )
+    assert run(spark, rebuilt).restarts == 0
+    return [mirror_rows(spark, config, table, key) for config in (following, behind, rebuilt)]
