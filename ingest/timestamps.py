@@ -15,7 +15,7 @@ Nanos = int
 NANOS_PER_SECOND = 1_000_000_000
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _RFC3339 = re.compile(
-    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+    r"^(\d{1,4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
     r"(Z|z|[+-]\d{2}:?\d{2}|[+-]\d{2})$"
 )
 
@@ -31,7 +31,10 @@ def from_datetime(value: dt.datetime) -> Nanos:
 
 
 def parse_rfc3339(text: str) -> Nanos:
-    """Parse RFC 3339 text with up to nine fractional digits and any UTC offset."""
+    """Parse RFC 3339 text with up to nine fractional digits and any UTC offset.
+
+    The year may have fewer than four digits: the emulator sends year 1 as ``1-01-01T...``.
+    """
     match = _RFC3339.match(text.strip())
     if match is None:
         raise ValueError(f"not an RFC 3339 timestamp: {text!r}")

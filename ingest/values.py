@@ -16,7 +16,7 @@ from typing import Any
 
 from ingest.timestamps import parse_rfc3339
 
-_NOT_TEXT = {"INT64", "FLOAT64", "FLOAT32", "BOOL", "NUMERIC", "DATE", "TIMESTAMP", "BYTES"}
+_NOT_TEXT = {"INT64", "FLOAT64", "FLOAT32", "BOOL", "NUMERIC", "DATE", "TIMESTAMP", "BYTES", "JSON"}
 
 
 def decode_value(spanner_type: dict[str, Any], value: Any) -> Any:
@@ -53,7 +53,8 @@ def float32(value: float) -> float:
 
 
 def _decode_element(element_type: dict[str, Any], item: Any) -> Any:
-    """The emulator sends a NULL element of a non-text array as the string "NULL"."""
+    """The emulator sends a NULL element of a non-text array as the string "NULL" (never a
+    valid value of those types: JSON text would be lowercase null)."""
     if item == "NULL" and element_type.get("code") in _NOT_TEXT:
         return None
     return decode_value(element_type, item)

@@ -209,9 +209,13 @@ class TestValues:
         assert decode_value({"code": "BYTES"}, "AP8=") == b"\x00\xff"
         assert decode_value({"code": "DATE"}, "2024-01-02") == dt.date(2024, 1, 2)
         assert decode_value({"code": "TIMESTAMP"}, "1970-01-01T00:00:01.000000001Z") == 10**9 + 1
+        year_one = decode_value({"code": "TIMESTAMP"}, "0001-01-01T00:00:00Z")
+        assert decode_value({"code": "TIMESTAMP"}, "1-01-01T00:00:00Z") == year_one  # emulator
         assert decode_value({"code": "JSON"}, '{"a":[1]}') == {"a": [1]}
         assert decode_value({"code": "FLOAT64"}, "NaN") != decode_value({"code": "FLOAT64"}, 1.0)
         array = {"code": "ARRAY", "array_element_type": {"code": "INT64"}}
         assert decode_value(array, ["1", "NULL", None]) == [1, None, None]
         strings = {"code": "ARRAY", "array_element_type": {"code": "STRING"}}
         assert decode_value(strings, ["NULL"]) == ["NULL"]
+        documents = {"code": "ARRAY", "array_element_type": {"code": "JSON"}}
+        assert decode_value(documents, ['{"a":null}', "NULL", "null"]) == [{"a": None}, None, None]
