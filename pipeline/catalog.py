@@ -12,12 +12,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
-from pyspark.sql import types as T
 
 from ingest.checkpoint import from_json
 from ingest.sink import CHECKPOINT_KEY
 from ingest.timestamps import parse_rfc3339
-from pipeline.types import TableShape, merge_shapes
+from pipeline.types import EVERY_COLUMN_CAPTURES, Interval, Label, TableShape, merge_shapes
 
 
 def scan(table: DeltaTable, columns: list[str] | None = None) -> pa.Table:
@@ -32,44 +31,63 @@ def scan(table: DeltaTable, columns: list[str] | None = None) -> pa.Table:
 
 def discover_shapes(changelog_uri: str) -> dict[str, TableShape]:
     """Every table in the change log with the union of its columns, each with the type of its
-    newest appearance (a type can come back: STRING → BYTES → STRING) and its generations."""
+    newest appearance (a type can come back: STRING → BYTES → STRING), its generations and its
+    drops."""
     try:
         table = DeltaTable(changelog_uri)
     except TableNotFoundError:
         return {}
-    scanned = scan(table, ["table_name", "column_types", "commit_timestamp_text"])
+    scanned = scan(
+        table,
+        ["table_name", "column_types", "commit_timestamp_text", "value_capture_type", "mod_type"],
+    )
     if scanned.num_rows == 0:
         return {}
-    grouped = scanned.group_by(["table_name", "column_types"]).aggregate(
+    every = pc.and_(
+        pc.is_in(scanned["value_capture_type"], pa.array(EVERY_COLUMN_CAPTURES)),
+        pc.not_equal(scanned["mod_type"], "DELETE"),
+    )
+    scanned = scanned.append_column("every_column", pc.fill_null(every, False))
+    grouped = scanned.group_by(["table_name", "column_types", "every_column"]).aggregate(
         [("commit_timestamp_text", "min"), ("commit_timestamp_text", "max")]
     )
-    intervals = list(
-        zip(
+    intervals = [
+        Interval(table_name, column_types, first, last, every_column)
+        for table_name, column_types, every_column, first, last in zip(
             grouped["table_name"].to_pylist(),
             grouped["column_types"].to_pylist(),
+            grouped["every_column"].to_pylist(),
             grouped["commit_timestamp_text_min"].to_pylist(),
             grouped["commit_timestamp_text_max"].to_pylist(),
             strict=True,
         )
-    )
-    return merge_shapes(intervals, functools.partial(_type_runs_from_rows, scanned))
+    ]
+    return merge_shapes(intervals, functools.partial(_runs_from_rows, scanned))
 
 
-def _type_runs_from_rows(
-    scanned: pa.Table, table: str, column: str, kinds: dict[str, T.DataType]
-) -> list[tuple[str, T.DataType]]:
-    """A column's (since, state type) runs read row by row, for a type that came back under a
-    column list it had before (so the per-list intervals overlap)."""
-    texts = pa.array(list(kinds))
-    mask = pc.and_(pc.equal(scanned["table_name"], table), pc.is_in(scanned["column_types"], texts))
-    rows = scanned.filter(mask).sort_by("commit_timestamp_text")
-    kind_names = [kind.simpleString() for kind in kinds.values()]
-    labels = np.array([kind_names.index(k) for k in kind_names], dtype=np.int64)
-    per_row = labels[pc.index_in(rows["column_types"], texts).to_numpy(zero_copy_only=False)]
+def _runs_from_rows(
+    scanned: pa.Table, table: str, column: str, labels: dict[tuple[str, bool], Label]
+) -> list[tuple[str, Label]]:
+    """A column's (since, label) runs read row by row, for a column list that came back (so the
+    per-list intervals overlap)."""
+    rows = scanned.filter(pc.equal(scanned["table_name"], table)).sort_by("commit_timestamp_text")
+    distinct: list[Label] = []
+    for label in labels.values():
+        if label not in distinct:
+            distinct.append(label)
+    per_row = np.full(rows.num_rows, -1, dtype=np.int64)
+    for (text, every_column), label in labels.items():
+        mask = pc.and_(
+            pc.equal(rows["column_types"], text), pc.equal(rows["every_column"], every_column)
+        )
+        per_row[mask.to_numpy(zero_copy_only=False)] = distinct.index(label)
+    kept = np.flatnonzero(per_row >= 0)
+    if kept.size == 0:
+        return []
+    per_row = per_row[kept]
     starts = np.concatenate([[0], np.flatnonzero(per_row[1:] != per_row[:-1]) + 1])
-    stamps = rows["commit_timestamp_text"].to_pylist()
-    types = list(kinds.values())
-    return [(stamps[i], types[int(per_row[i])]) for i in starts]
+    stamps = rows["commit_timestamp_text"].take(pa.array(kept[starts])).to_pylist()
+    return [(stamp, distinct[int(per_row[i])]) for stamp, i in zip(stamps, starts, strict=True)]
 
 
 def version_holding(changelog_uri: str, commit_timestamp_text: str) -> int | None:

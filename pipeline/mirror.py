@@ -54,7 +54,7 @@ def ensure_mirror(spark: SparkSession, uri: str, shape: TableShape, log: Logger)
     from delta.tables import DeltaTable
 
     wanted = shape.struct()
-    generations = {c.name: len(shape.generations_of(c)) for c in shape.columns}
+    generations = {c.name: shape.mirror_generation(c) for c in shape.columns}
     if not DeltaTable.isDeltaTable(spark, uri):
         spark.createDataFrame([], wanted).write.format("delta").save(uri)
         _record_generations(spark, uri, generations)
@@ -89,9 +89,7 @@ def ensure_mirror(spark: SparkSession, uri: str, shape: TableShape, log: Logger)
         if retyped:
             log.info("mirror_columns_retyped", table=shape.name, columns=[f.name for f in retyped])
         if renewed:
-            log.info(
-                "mirror_columns_renewed", table=shape.name, columns=[f.name for f in renewed]
-            )
+            log.info("mirror_columns_renewed", table=shape.name, columns=[f.name for f in renewed])
     added = [f for f in wanted.fields if f.name not in existing]
     if added:
         columns_sql = ", ".join(f"{_quoted(f.name)} {f.dataType.simpleString()}" for f in added)

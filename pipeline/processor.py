@@ -25,7 +25,14 @@ from pipeline.state_schema import (
     TOMBSTONE,
     row_variable,
 )
-from pipeline.types import TableShape, mirror_value, parse_column_types, spark_value, state_value
+from pipeline.types import (
+    TableShape,
+    lists_every_column,
+    mirror_value,
+    parse_column_types,
+    spark_value,
+    state_value,
+)
 
 SOURCE_SCHEMA_CHANGED = "SOURCE_SCHEMA_CHANGED"
 STATE_ROUNDTRIP_MISMATCH = "STATE_ROUNDTRIP_MISMATCH"
@@ -42,6 +49,7 @@ INPUT_COLUMNS = [
     "mod_type",
     "new_values",
     "column_types",
+    "value_capture_type",
 ]
 
 
@@ -172,8 +180,9 @@ class ChangeApplier(StatefulProcessor):
                 self.tombstone.clear()
             self._check_round_trip(table, image_state, image)
             output = {
-                c.name: mirror_value(c.type, image.get(shape.generations_of(c)[-1].field))
+                c.name: None if field is None else mirror_value(c.type, image.get(field))
                 for c in shape.columns
+                for field in [shape.current_field(c)]
             }
             operation = "UPSERT"
         values = {
@@ -198,10 +207,12 @@ class ChangeApplier(StatefulProcessor):
 
     def _covers(self, shape: TableShape, row: Row, columns: list[ColumnType]) -> bool:
         history = row["commit_timestamp_text"] <= shape.learned_through
-        cached = (shape.name, row["column_types"], history)
+        every_column = lists_every_column(row["value_capture_type"], row["mod_type"])
+        cached = (shape.name, row["column_types"], history, every_column)
         known = self.covered.get(cached)
         if known is None:
-            known = self.covered[cached] = shape.covers(row["commit_timestamp_text"], columns)
+            when = row["commit_timestamp_text"]
+            known = self.covered[cached] = shape.covers(when, columns, every_column)
         return known
 
     def _columns(self, column_types: str) -> list[ColumnType]:
@@ -215,7 +226,9 @@ class ChangeApplier(StatefulProcessor):
         shape: TableShape, image: dict[str, Any] | None, columns: list[ColumnType], row: Row
     ) -> dict[str, Any]:
         """Merge the mod's keys and new values into the image (NEW_VALUES sends changed ones),
-        each read with the column types of its own change record, into its generation's field."""
+        each read with the column types of its own change record, into its generation's field;
+        fields of older generations and dropped columns are cleared, as Spanner holds no value
+        for them."""
         types = {c.name: c for c in columns}
         updated = dict(image or {})
         when = row["commit_timestamp_text"]
@@ -231,6 +244,9 @@ class ChangeApplier(StatefulProcessor):
                     # from None: the decoder's message holds the value, and tracebacks are logged
                     code = column.type.get("code")
                     raise _ValueError(f"column {name!r} ({code}): {type(error).__name__}") from None
+        if shape.generations or shape.dropped:
+            for stale in shape.stale_fields(when):
+                updated[stale] = None
         return updated
 
     @staticmethod

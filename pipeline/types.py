@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Context, Decimal
 from typing import Any
@@ -110,6 +110,9 @@ class TableShape:
     rows up to it are history, whatever their column types."""
     generations: tuple[tuple[str, tuple[Generation, ...]], ...] = ()
     """Columns that had more than one generation, oldest first."""
+    dropped: tuple[tuple[str, str], ...] = ()
+    """Columns dropped and not added again: (name, commit timestamp of the first row that showed
+    the drop). Their mirror column stays, NULL in every row, as Spanner has no value for them."""
 
     @property
     def key_columns(self) -> tuple[ColumnType, ...]:
@@ -123,6 +126,37 @@ class TableShape:
             if name == column.name:
                 return generations
         return (Generation(column.name, state_type(column.type), ""),)
+
+    def dropped_since(self, name: str) -> str | None:
+        return next((since for column, since in self.dropped if column == name), None)
+
+    def mirror_generation(self, column: ColumnType) -> int:
+        """Counts the column's generations and a drop not yet followed by a re-add: each new
+        number renews (NULLs) the mirror column."""
+        return len(self.generations_of(column)) + (self.dropped_since(column.name) is not None)
+
+    def current_field(self, column: ColumnType) -> str | None:
+        """The state field the mirror column shows; None for a dropped column."""
+        if self.dropped_since(column.name) is not None:
+            return None
+        return self.generations_of(column)[-1].field
+
+    def stale_fields(self, commit_timestamp_text: str) -> list[str]:
+        """State fields holding values Spanner no longer had at that time: older generations
+        and dropped columns. A row applied at that time clears them (the mirror rule, in state)."""
+        stale: list[str] = []
+        names = {name for name, _ in self.generations} | {name for name, _ in self.dropped}
+        for column in self.columns:
+            if column.name not in names:
+                continue
+            fields = [g.field for g in self.generations_of(column)]
+            dropped = self.dropped_since(column.name)
+            if dropped is not None and commit_timestamp_text >= dropped:
+                stale += fields
+            else:
+                current = self.state_field(column, commit_timestamp_text)
+                stale += [f for f in fields if f != current]
+        return stale
 
     def struct(self) -> T.StructType:
         """The mirror table's columns."""
@@ -145,20 +179,41 @@ class TableShape:
             return generations[0].field
         return [g for g in generations if g.since <= commit_timestamp_text][-1].field
 
-    def covers(self, commit_timestamp_text: str, columns: list[ColumnType]) -> bool:
+    def covers(
+        self, commit_timestamp_text: str, columns: list[ColumnType], every_column: bool = False
+    ) -> bool:
         """Whether a change record applies under this shape without learning it again.
 
         A record the shape was learned from applies with its own column types (an older type is
         converted: STRING↔BYTES; an older generation has its own field); a newer record must have
-        only known columns of the newest types, or the shape (and the mirror) must follow it.
+        only known, live columns of the newest types, and, if it lists every column, all the live
+        ones, or the shape (and the mirror) must follow it.
         """
         if commit_timestamp_text <= self.learned_through:
             return all(self.column(c.name) is not None for c in columns)
-        return all(
+        known_and_live = all(
             (known := self.column(c.name)) is not None
+            and self.dropped_since(c.name) is None
             and spark_type(known.type) == spark_type(c.type)
             for c in columns
         )
+        if not known_and_live or not every_column:
+            return known_and_live
+        listed = {c.name for c in columns}
+        return all(c.name in listed for c in self.columns if self.dropped_since(c.name) is None)
+
+
+EVERY_COLUMN_CAPTURES = ("NEW_ROW", "NEW_ROW_AND_OLD_VALUES")
+
+
+def lists_every_column(value_capture_type: str | None, mod_type: str | None) -> bool:
+    """Whether a record's ``column_types`` lists every watched column of its table, so a column
+    missing from it is no longer there (dropped, or no longer watched).
+
+    Spanner documents it for the NEW_ROW captures; UPDATE records of the other captures list the
+    changed columns only, and DELETE is not documented (emulator/NOTES.md).
+    """
+    return value_capture_type in EVERY_COLUMN_CAPTURES and mod_type != "DELETE"
 
 
 def parse_column_types(column_types_json: str) -> list[ColumnType]:
@@ -174,83 +229,129 @@ def parse_column_types(column_types_json: str) -> list[ColumnType]:
     ]
 
 
-Interval = tuple[str, str, str, str]
-"""(table_name, column_types JSON, first commit timestamp text, last commit timestamp text)."""
-Resolver = Callable[[str, str, dict[str, T.DataType]], list[tuple[str, T.DataType]]]
-"""(table, column, its state type by column_types text) → the column's exact type runs."""
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """Rows of one table with one ``column_types`` text, from the first to the last commit."""
+
+    table: str
+    column_types: str
+    first: str
+    last: str
+    every_column: bool = False
+    """The rows list every watched column (``lists_every_column``)."""
+
+
+Label = T.DataType | None
+"""A column's state type in a run of rows, or None where rows listing every column lack it."""
+Resolver = Callable[[str, str, dict[tuple[str, bool], Label]], list[tuple[str, Label]]]
+"""(table, column, its label by (column_types text, every_column)) → the column's exact runs."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    first: str
+    last: str
+    label: Label
+    source: tuple[str, bool]
 
 
 def merge_shapes(
-    observed: list[Interval], resolve: Resolver | None = None
+    observed: Iterable[Interval], resolve: Resolver | None = None
 ) -> dict[str, TableShape]:
-    """Table shapes from the change log's (table, column_types) intervals, in any order.
+    """Table shapes from the change log's intervals, in any order.
 
     A column keeps the type of its newest appearance (STRING↔BYTES changes) and its position;
-    columns dropped from Spanner stay, since older rows still hold them. A column whose state type
-    changed (dropped and added again with another type) gets one generation per type run; when
-    intervals of different types overlap in time (a type came back under the same column list),
-    ``resolve`` finds the exact change points from the rows.
+    columns dropped from Spanner stay, since older rows still hold them. A column gets a new
+    generation when its state type changes or when it comes back after rows listing every column
+    showed it gone; it is dropped when such rows show it gone after its last appearance. When
+    intervals of different labels overlap in time (a column list came back), ``resolve`` finds
+    the exact change points from the rows.
     """
-    observed = sorted(observed, key=lambda interval: interval[3])
+    ordered = sorted(observed, key=lambda interval: interval.last)
     columns: dict[str, dict[str, ColumnType]] = {}
     through: dict[str, str] = {}
-    spans: dict[tuple[str, str], list[tuple[str, str, T.DataType, str]]] = {}
-    for table, column_types, first, last in observed:
-        known = columns.setdefault(table, {})
-        through[table] = max(through.get(table, ""), last)
-        for column in parse_column_types(column_types):
+    spans: dict[tuple[str, str], list[_Span]] = {}
+    complete: dict[str, list[tuple[Interval, frozenset[str]]]] = {}
+    for interval in ordered:
+        known = columns.setdefault(interval.table, {})
+        through[interval.table] = max(through.get(interval.table, ""), interval.last)
+        listed = parse_column_types(interval.column_types)
+        source = (interval.column_types, interval.every_column)
+        for column in listed:
             known[column.name] = column
-            spans.setdefault((table, column.name), []).append(
-                (first, last, state_type(column.type), column_types)
+            spans.setdefault((interval.table, column.name), []).append(
+                _Span(interval.first, interval.last, state_type(column.type), source)
             )
+        if interval.every_column:
+            names = frozenset(c.name for c in listed)
+            complete.setdefault(interval.table, []).append((interval, names))
     generations: dict[str, list[tuple[str, tuple[Generation, ...]]]] = {}
-    for (table, name), intervals in sorted(spans.items()):
-        runs = _type_runs(intervals)
+    dropped: dict[str, list[tuple[str, str]]] = {}
+    for (table, name), carried in sorted(spans.items()):
+        absent = [
+            _Span(i.first, i.last, None, (i.column_types, True))
+            for i, names in complete.get(table, [])
+            if name not in names
+        ]
+        runs = _runs(carried + absent)
         if runs is None:
-            kinds = {text: kind for _, _, kind, text in intervals}
-            runs = (resolve or _unresolvable)(table, name, kinds)
-        if len(runs) > 1:
+            labels = {span.source: span.label for span in carried + absent}
+            runs = (resolve or _unresolvable)(table, name, labels)
+        lives = _lives(runs)
+        if len(lives) > 1:
             generations.setdefault(table, []).append(
                 (
                     name,
                     tuple(
                         Generation(generation_field(name, n), kind, "" if n == 1 else since)
-                        for n, (since, kind) in enumerate(runs, 1)
+                        for n, (since, kind) in enumerate(lives, 1)
                     ),
                 )
             )
+        if runs[-1][1] is None:
+            dropped.setdefault(table, []).append((name, runs[-1][0]))
     return {
         table: TableShape(
             table,
             tuple(sorted(cols.values(), key=lambda c: c.ordinal_position)),
             through[table],
             tuple(generations.get(table, ())),
+            tuple(dropped.get(table, ())),
         )
         for table, cols in sorted(columns.items())
     }
 
 
-def _type_runs(
-    intervals: list[tuple[str, str, T.DataType, str]],
-) -> list[tuple[str, T.DataType]] | None:
-    """(since, state type) runs of one column, or None when types overlap in time."""
-    runs: list[tuple[str, T.DataType]] = []
+def _runs(spans: list[_Span]) -> list[tuple[str, Label]] | None:
+    """(since, label) runs of one column, or None when different labels overlap in time."""
+    runs: list[tuple[str, Label]] = []
     run_end = ""
-    for first, last, kind, _ in sorted(intervals, key=lambda i: i[0]):
-        if runs and runs[-1][1] == kind:
-            run_end = max(run_end, last)
+    for span in sorted(spans, key=lambda s: (s.first, s.last)):
+        if runs and runs[-1][1] == span.label:
+            run_end = max(run_end, span.last)
             continue
-        if runs and first <= run_end:
+        if runs and span.first <= run_end:
             return None
-        runs.append((first, kind))
-        run_end = last
+        runs.append((span.first, span.label))
+        run_end = span.last
     return runs
 
 
+def _lives(runs: list[tuple[str, Label]]) -> list[tuple[str, T.DataType]]:
+    """The column's generations: a new one at each change of state type and after each gap."""
+    lives: list[tuple[str, T.DataType]] = []
+    previous: Label = None
+    for since, label in runs:
+        if label is not None and label != previous:
+            lives.append((since, label))
+        previous = label
+    return lives
+
+
 def _unresolvable(
-    table: str, column: str, kinds: dict[str, T.DataType]
-) -> list[tuple[str, T.DataType]]:
-    raise ValueError(f"{table}.{column} changed type under one column list; rows are needed")
+    table: str, column: str, labels: dict[tuple[str, bool], Label]
+) -> list[tuple[str, Label]]:
+    raise ValueError(f"{table}.{column} changed under one column list; rows are needed")
 
 
 def spark_value(spanner_type: dict[str, Any], value: Any) -> Any:

@@ -136,10 +136,12 @@ def compare_table(
 def spanner_rows(
     database: Database, shape: TableShape, read_timestamp: Nanos, timestamp_digits: int = 6
 ) -> dict[Key, dict[str, Any]]:
+    """The table at that time; a dropped column is NULL, as in its mirror."""
     seconds, nanos = divmod(read_timestamp, NANOS_PER_SECOND)
     at = timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos)
-    names = [c.name for c in shape.columns]
+    names = [c.name for c in shape.columns if shape.dropped_since(c.name) is None]
     types = {c.name: c.type for c in shape.columns}
+    gone = dict.fromkeys(c.name for c in shape.columns if c.name not in names)
     columns = ", ".join(f"`{name}`" for name in names)
     with database.snapshot(read_timestamp=at) as snapshot:
         rows = list(snapshot.execute_sql(f"SELECT {columns} FROM `{shape.name}`"))
@@ -147,8 +149,11 @@ def spanner_rows(
         shape,
         (
             {
-                name: canonical(types[name], value, True, timestamp_digits)
-                for name, value in zip(names, row, strict=True)
+                **{
+                    name: canonical(types[name], value, True, timestamp_digits)
+                    for name, value in zip(names, row, strict=True)
+                },
+                **gone,
             }
             for row in rows
         ),

@@ -29,6 +29,7 @@ class ChangeLog:
         default_factory=lambda: {"accounts": ACCOUNTS}
     )
     clock: int = START
+    value_capture_type: str = "NEW_ROW_AND_OLD_VALUES"
     pending: list[Transaction] = field(default_factory=list)
     landed: list[list[Transaction]] = field(default_factory=list)
     _ids: itertools.count = field(default_factory=itertools.count)
@@ -54,7 +55,7 @@ class ChangeLog:
                 column_types=self.columns[table],
                 mods=(Mod(keys, values, {}),),
                 mod_type=mod_type,
-                value_capture_type="NEW_ROW_AND_OLD_VALUES",
+                value_capture_type=self.value_capture_type,
                 number_of_records_in_transaction=len(mods),
                 number_of_partitions_in_transaction=1,
                 transaction_tag="",

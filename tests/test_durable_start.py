@@ -127,4 +127,3 @@ def test_a_new_job_killed_before_its_first_commit_loses_nothing(
     restarted_at = starts[exposed[0] + 1]
     at_stake = sum(job_start <= t.commit_timestamp < restarted_at for t in committed)
     assert at_stake >= 5, f"seed {seed}: only {at_stake} transactions at stake"
-

@@ -29,7 +29,7 @@ from pipeline.state_schema import (
     check_evolution,
     state_schemas,
 )
-from pipeline.types import merge_shapes, spark_value
+from pipeline.types import Interval, merge_shapes, spark_value
 from pipeline.verify import canonical
 from tests.changelog_builder import ChangeLog
 
@@ -173,7 +173,7 @@ def test_state_schemas_follow_the_spanner_type_mapping() -> None:
         ]
     )
     at = "2026-01-01T00:00:00.000000000Z"
-    shapes = merge_shapes([("t", payload, at, at)])
+    shapes = merge_shapes([Interval("t", payload, at, at)])
     assert [f.dataType.simpleString() for f in shapes["t"].struct().fields] == [
         "bigint",
         "double",
