@@ -283,44 +283,6 @@ def test_null_array_elements_and_every_timestamp_reach_a_mirror_both_readers_ope
     assert all(third[name] is None for name in arrays)
 
 
-def owner_typed(code: str) -> tuple[ColumnType, ...]:
-    return (ACCOUNTS[0], ColumnType("owner", {"code": code}, False, 2), ACCOUNTS[2])
-
-
-def land_string_bytes_history(changelog: ChangeLog, stage: int) -> None:
-    """Stage 0 writes STRING owners; 1 turns the column to BYTES; 2 turns it back to STRING."""
-    if stage == 0:
-        seed(changelog)
-    elif stage == 1:
-        changelog.columns["accounts"] = owner_typed("BYTES")
-        raw = base64.b64encode("zöe".encode()).decode()
-        changelog.commit(
-            ("accounts", "INSERT", {"account_id": "5"}, {"owner": raw, "balance": "5"})
-        )
-        changelog.commit(("accounts", "UPDATE", {"account_id": "3"}, {"balance": "8"}))
-        changelog.land()
-    else:
-        changelog.columns["accounts"] = owner_typed("STRING")
-        changelog.commit(("accounts", "UPDATE", {"account_id": "5"}, {"balance": "6"}))
-        changelog.commit(
-            ("accounts", "INSERT", {"account_id": "6"}, {"owner": "fay", "balance": "1"})
-        )
-        changelog.land()
-
-
-def test_string_bytes_changes_are_crossed_by_a_job_that_is_behind_and_by_a_replay(
-    spark, tmp_path: Path
-) -> None:
-    stages = [functools.partial(land_string_bytes_history, stage=n) for n in range(3)]
-    expected = {
-        1: {"account_id": 1, "owner": "ann", "balance": 90},
-        3: {"account_id": 3, "owner": "cy", "balance": 8},
-        5: {"account_id": 5, "owner": "zöe", "balance": 6},
-        6: {"account_id": 6, "owner": "fay", "balance": 1},
-    }
-    assert processed_three_ways(spark, tmp_path, stages) == [expected] * 3
-
-
 RATIO_FLOAT64 = ColumnType("ratio", {"code": "FLOAT64"}, False, 4)
 RATIO_FLOAT32 = ColumnType("ratio", {"code": "FLOAT32"}, False, 5)
 
