@@ -154,3 +154,65 @@ def test_full_precision_values_pass_through(serve) -> None:
     assert decode_value(types["at"], mod.new_values["at"]) % 10**9 == 987654321
     assert str(decode_value(types["amount"], mod.new_values["amount"])) == values["amount"]
     assert decode_value(types["tags"], mod.new_values["tags"]) == [-(2**63), None]
+
+
+def test_values_the_emulator_loses_reach_mirror_values_at_full_fidelity(serve) -> None:
+    """NULL elements the emulator cannot store, non-finite floats it sends as null, and the
+    PostgreSQL types: through the real client and reader, then the pipeline's state and mirror
+    value rules (the Spark side of them is tested on change logs built by the real sink)."""
+    from pipeline.types import mirror_value, state_value
+
+    start = parse_rfc3339("2026-01-01T00:00:00.000000001Z")
+    commit = parse_rfc3339("2026-01-01T00:00:00.5Z")
+
+    def array(code: str) -> dict:
+        return {"code": "ARRAY", "array_element_type": {"code": code}}
+
+    pg_numeric = {"code": "NUMERIC", "type_annotation": "PG_NUMERIC"}
+    pg_jsonb = {"code": "JSON", "type_annotation": "PG_JSONB"}
+    sent: dict[str, tuple[dict, object, object]] = {
+        "f64": (array("FLOAT64"), ["Infinity", None, "-Infinity", 1.5], [float("inf"), None]),
+        "f32": (array("FLOAT32"), [0.1, None], [0.10000000149011612, None]),
+        "flags": (array("BOOL"), [True, None], [True, None]),
+        "names": (array("STRING"), ["NULL", None, ""], ["NULL", None, ""]),
+        "blobs": (array("BYTES"), ["AP8=", None], [b"\x00\xff", None]),
+        "ats": (array("TIMESTAMP"), ["0001-01-01T00:00:00.000000001Z", None], None),
+        "amount": (pg_numeric, "NaN", "NaN"),
+        "huge": (pg_numeric, "1e400", "1e400"),
+        "doc": (pg_jsonb, '{"b": [1, null], "a": "ü"}', None),
+        "docs": (array("JSON"), ['{"a":1}', None], ['{"a":1}', None]),
+    }
+    columns = (
+        ColumnType("id", {"code": "INT64"}, True, 1),
+        *(ColumnType(n, t, False, i) for i, (n, (t, _, _)) in enumerate(sent.items(), 2)),
+    )
+    data = record(
+        commit,
+        "t1",
+        0,
+        1,
+        column_types=columns,
+        mods=(Mod({"id": "1"}, {n: v for n, (_, v, _) in sent.items()}, {}),),
+    )
+    streams = {
+        INITIAL_PARTITION: [ChildPartitionsRecord(start, "0", (ChildPartition("p", ()),))],
+        "p": [data],
+    }
+    _, source = serve(Script(streams))
+    [transaction], _ = read_all(source, start, commit + 1000)
+    [mod] = transaction.records[0].mods
+    assert mod.new_values == {n: v for n, (_, v, _) in sent.items()}
+    mirrored = {
+        n: mirror_value(t, state_value(t, mod.new_values[n])) for n, (t, _, _) in sent.items()
+    }
+    for name, (_, _, expected) in sent.items():
+        if expected is None:
+            continue
+        got = mirrored[name]
+        if name == "f64":
+            assert got[:2] == expected and got[2] == float("-inf") and got[3] == 1.5
+        else:
+            assert got == expected, name
+    first_at = mirrored["ats"][0]
+    assert (first_at.year, first_at.microsecond, mirrored["ats"][1]) == (1, 0, None)
+    assert json.loads(mirrored["doc"]) == {"a": "ü", "b": [1, None]}
