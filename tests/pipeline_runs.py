@@ -55,9 +55,11 @@ def processed_three_ways(
     stages: list[Callable[[ChangeLog], None]],
     table: str = "accounts",
     key: str = "account_id",
+    stopped_after: int = 1,
 ) -> list[dict[int, dict]]:
-    """The mirrors of a job that follows each stage, of one that meets all but the first at
-    once, and of a rebuild from the whole change log: each row must apply with its own types."""
+    """The mirrors of a job that follows each stage, of one stopped after ``stopped_after``
+    stages that meets the rest at once, and of a rebuild from the whole change log: each row
+    must apply with its own types."""
     following = configure(tmp_path / "following")
     changelog = ChangeLog(following.changelog_uri)
     for stage in stages:
@@ -66,9 +68,10 @@ def processed_three_ways(
 
     behind = configure(tmp_path / "behind")
     late = ChangeLog(behind.changelog_uri)
-    stages[0](late)
+    for stage in stages[:stopped_after]:
+        stage(late)
     run(spark, behind)
-    for stage in stages[1:]:
+    for stage in stages[stopped_after:]:
         stage(late)
     assert run(spark, behind).restarts <= 1
 
