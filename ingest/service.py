@@ -23,10 +23,9 @@ from google.cloud import spanner
 from ingest import query
 from ingest.checkpoint import Checkpoint
 from ingest.config import ServiceConfig
-from ingest.partitions import PartitionsCheckpoint
 from ingest.reader import ChangeStreamReader, ReaderConfig, Release, ResumePoint
 from ingest.records import Transaction
-from ingest.sink import DeltaChangeLogSink
+from ingest.sink import DeltaChangeLogSink, start_point
 from ingest.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 
 Logger = structlog.typing.FilteringBoundLogger
@@ -209,11 +208,11 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
     sink.continue_after(checkpoint)
     now = time.time_ns()
     new_job = checkpoint is None
-    if checkpoint is None:
+    if new_job:
         start = query.validate_start(config.start_timestamp or now, now, info)
         sink.start_job(start)
         log.info("job_started", job_start=to_rfc3339(start))
-        resume = ResumePoint(start - 1, PartitionsCheckpoint((), ()))
+        resume = start_point(start)
     else:
         if start_moved(config.start_timestamp, checkpoint):
             log.warning(

@@ -55,6 +55,11 @@ class Maintenance:
     """Compaction of small files every N table versions (dataChange=false: streams skip it)."""
 
 
+def start_point(start: Nanos) -> ResumePoint:
+    """Where a new job starting at ``start`` resumes: just below it, no partition known yet."""
+    return ResumePoint(start - 1, PartitionsCheckpoint((), ()))
+
+
 class DeltaChangeLogSink:
     def __init__(
         self,
@@ -124,7 +129,7 @@ class DeltaChangeLogSink:
         a checkpoint to resume from ``start``, so a crash before the first data commit cannot
         move the start forward and skip what was committed in between."""
         self._job_start = start
-        return self.commit([], ResumePoint(start - 1, PartitionsCheckpoint((), ())))
+        return self.commit([], start_point(start))
 
     def commit(
         self, transactions: Sequence[SpannerTransaction], resume_point: ResumePoint

@@ -55,9 +55,11 @@ def ensure_mirror(spark: SparkSession, uri: str, shape: TableShape, log: Logger)
 
     wanted = shape.struct()
     generations = {c.name: shape.mirror_generation(c) for c in shape.columns}
+    newer = {name: number for name, number in sorted(generations.items()) if number > 1}
     if not DeltaTable.isDeltaTable(spark, uri):
         spark.createDataFrame([], wanted).write.format("delta").save(uri)
-        _record_generations(spark, uri, generations)
+        if newer:
+            _record_generations(spark, uri, newer)
         log.info("mirror_created", table=shape.name, uri=uri, columns=len(wanted.fields))
         return
     current = spark.read.format("delta").load(uri).schema
@@ -95,14 +97,12 @@ def ensure_mirror(spark: SparkSession, uri: str, shape: TableShape, log: Logger)
         columns_sql = ", ".join(f"{_quoted(f.name)} {f.dataType.simpleString()}" for f in added)
         spark.sql(f"ALTER TABLE delta.{_quoted(uri)} ADD COLUMNS ({columns_sql})")
         log.info("mirror_columns_added", table=shape.name, columns=[f.name for f in added])
-    if recorded != {name: number for name, number in generations.items() if number > 1}:
-        _record_generations(spark, uri, generations)
+    if newer and recorded != newer:
+        _record_generations(spark, uri, newer)
 
 
-def _record_generations(spark: SparkSession, uri: str, generations: dict[str, int]) -> None:
-    newer = {name: number for name, number in sorted(generations.items()) if number > 1}
-    if not newer:
-        return
+def _record_generations(spark: SparkSession, uri: str, newer: dict[str, int]) -> None:
+    """Record the columns past their first generation (the property lists only those)."""
     text = json.dumps(newer, separators=(",", ":"))
     spark.sql(
         f"ALTER TABLE delta.{_quoted(uri)} SET TBLPROPERTIES ('{GENERATIONS_PROPERTY}' = '{text}')"

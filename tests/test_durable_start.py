@@ -61,6 +61,13 @@ def test_a_new_job_killed_before_its_first_commit_loses_nothing(
         starts.append(time.time_ns())
         return service.start()
 
+    def start_running() -> subprocess.Popen[bytes]:
+        """A process whose start is durable: it logged ``ingest_started``."""
+        started = service.count("ingest_started")
+        process = start()
+        service.wait_for("ingest_started", started + 1, timeout=90, process=process)
+        return process
+
     def kill(process: subprocess.Popen[bytes]) -> None:
         process.kill()
         process.wait()
@@ -74,16 +81,12 @@ def test_a_new_job_killed_before_its_first_commit_loses_nothing(
             kill(process)
         # Killed once its start is durable, before (mostly) its first data commit.
         for _ in range(4):
-            started = service.count("ingest_started")
-            process = start()
-            service.wait_for("ingest_started", started + 1, timeout=90, process=process)
+            process = start_running()
             time.sleep(rng.uniform(0.0, 0.3))
             kill(process)
         # Killed within the first seconds after a data commit.
         for _ in range(3):
-            started = service.count("ingest_started")
-            process = start()
-            service.wait_for("ingest_started", started + 1, timeout=90, process=process)
+            process = start_running()
             owner = [e for e in service.events() if e["event"] == "ingest_started"][-1]["owner"]
             service.wait_for(
                 "delta_commit",
