@@ -1,15 +1,16 @@
-"""The change-log table's rows (design.md contract 1): one row per mod, as an Arrow table."""
+"""The change-log table's rows (design.md contract 1), as an Arrow table: one row per mod, and one
+schema row per table whose watched columns changed (``mod_type`` SCHEMA, no transaction id)."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
 
 from ingest.encoding import canonical_json
-from ingest.records import Transaction
-from ingest.timestamps import NANOS_PER_SECOND, to_rfc3339
+from ingest.records import ColumnType, Transaction
+from ingest.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 
 UTC_MICROS = pa.timestamp("us", tz="UTC")
 
@@ -37,9 +38,13 @@ SCHEMA = pa.schema(
 )
 PARTITION_COLUMNS = ["commit_date"]
 ORDER_COLUMNS = ["commit_timestamp_text", "server_transaction_id", "record_sequence", "mod_index"]
+SCHEMA_ROW = "SCHEMA"
+"""``mod_type`` of a schema row: the table's watched columns at its ``commit_timestamp`` (the
+time they were read, at the commit's low watermark). Its ``server_transaction_id`` and ``keys``
+are empty, so it counts as no transaction and as no row of the table."""
 
 
-def _column_types_json(transaction_record: object) -> str:
+def _column_types_json(column_types: Iterable[ColumnType]) -> str:
     return canonical_json(
         [
             {
@@ -48,21 +53,28 @@ def _column_types_json(transaction_record: object) -> str:
                 "is_primary_key": c.is_primary_key,
                 "ordinal_position": c.ordinal_position,
             }
-            for c in transaction_record.column_types  # type: ignore[attr-defined]
+            for c in column_types
         ]
     )
 
 
-def to_arrow(transactions: Iterable[Transaction]) -> pa.Table:
+def _date(timestamp: Nanos) -> dt.date:
+    return dt.date(1970, 1, 1) + dt.timedelta(days=timestamp // (86400 * NANOS_PER_SECOND))
+
+
+def to_arrow(
+    transactions: Iterable[Transaction],
+    watched: Mapping[str, tuple[ColumnType, ...]] | None = None,
+    watched_at: Nanos = 0,
+) -> pa.Table:
+    """Rows of whole transactions, then schema rows of ``watched`` read at ``watched_at``."""
     columns: dict[str, list] = {name: [] for name in SCHEMA.names}
     for transaction in transactions:
         micros = transaction.commit_timestamp // 1000
         text = to_rfc3339(transaction.commit_timestamp)
-        date = dt.date(1970, 1, 1) + dt.timedelta(
-            days=transaction.commit_timestamp // (86400 * NANOS_PER_SECOND)
-        )
+        date = _date(transaction.commit_timestamp)
         for record in transaction.records:
-            column_types = _column_types_json(record)
+            column_types = _column_types_json(record.column_types)
             for index, mod in enumerate(record.mods):
                 columns["commit_timestamp"].append(micros)
                 columns["commit_timestamp_text"].append(text)
@@ -85,4 +97,26 @@ def to_arrow(transactions: Iterable[Transaction]) -> pa.Table:
                 columns["transaction_tag"].append(record.transaction_tag)
                 columns["is_system_transaction"].append(record.is_system_transaction)
                 columns["commit_date"].append(date)
+    for table, watched_columns in sorted((watched or {}).items()):
+        row = {
+            "commit_timestamp": watched_at // 1000,
+            "commit_timestamp_text": to_rfc3339(watched_at),
+            "server_transaction_id": "",
+            "record_sequence": "",
+            "mod_index": 0,
+            "table_name": table,
+            "mod_type": SCHEMA_ROW,
+            "value_capture_type": None,
+            "keys": "",
+            "new_values": "{}",
+            "old_values": "{}",
+            "column_types": _column_types_json(watched_columns),
+            "number_of_records_in_transaction": 0,
+            "number_of_partitions_in_transaction": 0,
+            "transaction_tag": "",
+            "is_system_transaction": False,
+            "commit_date": _date(watched_at),
+        }
+        for name, value in row.items():
+            columns[name].append(value)
     return pa.Table.from_pydict(columns, schema=SCHEMA)

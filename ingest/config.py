@@ -41,6 +41,8 @@ class ServiceConfig:
     flush_latency_ms: int = 1000
     max_batch_rows: int = 100_000
     checkpoint_interval_s: float = 30.0
+    watched_columns_interval_s: float = 10.0
+    """How often the stream's watched columns are read, so drops land as schema rows."""
     lease_s: float = 90.0
     health_port: int = 8080
     readiness_s: float = 120.0
@@ -70,6 +72,7 @@ ENVIRONMENT = {
             "flush_latency_ms",
             "max_batch_rows",
             "checkpoint_interval_s",
+            "watched_columns_interval_s",
             "lease_s",
             "health_port",
             "readiness_s",
@@ -160,6 +163,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "flush_latency_ms": integer(10, 3_600_000),
     "max_batch_rows": integer(1, 100_000_000),
     "checkpoint_interval_s": seconds(0.1, 86_400),
+    "watched_columns_interval_s": seconds(0.1, 3_000),
     "lease_s": seconds(1, 86_400),
     "health_port": integer(0, 65_535),
     "readiness_s": seconds(1, 86_400),

@@ -9,6 +9,7 @@ SIGTERM/SIGINT: land what is released, commit, exit 0.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -27,15 +28,24 @@ from ingest.reader import ChangeStreamReader, ReaderConfig, Release, ResumePoint
 from ingest.records import Transaction
 from ingest.sink import DeltaChangeLogSink, start_point
 from ingest.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
+from ingest.watched_columns import WatchedColumns, read_watched_columns
 
 Logger = structlog.typing.FilteringBoundLogger
+
+
+STALE_READ_LIMIT_NANOS = 55 * 60 * NANOS_PER_SECOND
+"""Spanner keeps old versions one hour by default: older watermarks are not read for schema."""
 
 
 @dataclass
 class Batcher:
     """Flush policy: commit released transactions within ``flush_latency`` or ``max_rows``;
     with nothing to land, still commit the checkpoint every ``checkpoint_interval`` so a restart
-    never re-reads more than that much of the stream (and the writer lease stays fresh)."""
+    never re-reads more than that much of the stream (and the writer lease stays fresh).
+
+    Every ``watched_interval`` the watched columns are read at the released low watermark; tables
+    whose columns differ from what this process landed last get schema rows, committed at once.
+    """
 
     sink: DeltaChangeLogSink
     flush_latency_s: float
@@ -45,6 +55,10 @@ class Batcher:
     log: Logger
     monotonic: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], Nanos] = time.time_ns
+    watched_columns: Callable[[Nanos], WatchedColumns] | None = None
+    watched_interval_s: float = 10.0
+    watched_landed: WatchedColumns = field(default_factory=dict)
+    watched_read_at: float | None = None
     pending: list[Transaction] = field(default_factory=list)
     pending_rows: int = 0
     pending_since: float | None = None
@@ -69,14 +83,34 @@ class Batcher:
             self.pending_since is not None and now - self.pending_since >= self.flush_latency_s
         )
         checkpoint_due = now - self.last_commit_at >= self.checkpoint_interval_s
-        if batch_due or checkpoint_due:
-            self.flush()
+        watched = self._watched_changes(now)
+        if batch_due or checkpoint_due or watched:
+            self.flush(watched)
 
-    def flush(self) -> None:
+    def _watched_changes(self, now: float) -> WatchedColumns:
+        """Tables whose watched columns at the released watermark differ from those landed."""
+        due = self.watched_read_at is None or now - self.watched_read_at >= self.watched_interval_s
         point = self.resume_point
-        if point is None or (not self.pending and point.low_watermark == self.committed_watermark):
+        if self.watched_columns is None or point is None or not due:
+            return {}
+        self.watched_read_at = now
+        if self.wall_clock() - point.low_watermark > STALE_READ_LIMIT_NANOS:
+            return {}
+        try:
+            watched = self.watched_columns(point.low_watermark)
+        except Exception as error:  # any failure: read again next interval
+            self.log.warning("watched_columns_unread", cause=_first_line(error))
+            return {}
+        return {t: c for t, c in watched.items() if self.watched_landed.get(t) != c}
+
+    def flush(self, watched: WatchedColumns | None = None) -> None:
+        point = self.resume_point
+        if point is None or (
+            not self.pending and not watched and point.low_watermark == self.committed_watermark
+        ):
             return
-        result = self.sink.commit(self.pending, point)
+        result = self.sink.commit(self.pending, point, watched)
+        self.watched_landed.update(watched or {})
         lag_nanos = self.wall_clock() - point.low_watermark
         self.log.info(
             "delta_commit",
@@ -84,6 +118,7 @@ class Batcher:
             delta_version=result.delta_version,
             transactions=result.transactions,
             rows=result.rows,
+            schema_rows=sorted(watched or {}),
             low_watermark=to_rfc3339(point.low_watermark),
             watermark_lag_seconds=round(lag_nanos / NANOS_PER_SECOND, 3),
             replayed=result.replayed,
@@ -103,6 +138,11 @@ class Batcher:
         self.committed_watermark = low_watermark
         self.last_commit_at = self.monotonic()
         self.commits += 1
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
 
 class HealthServer:
@@ -249,6 +289,8 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
         config.checkpoint_interval_s,
         info.retention_nanos,
         log,
+        watched_columns=functools.partial(read_watched_columns, database, config.stream, dialect),
+        watched_interval_s=config.watched_columns_interval_s,
     )
     if new_job:
         batcher.landed(resume.low_watermark)

@@ -14,7 +14,7 @@ rests on the Delta log's own atomic commit.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -27,6 +27,7 @@ from ingest.checkpoint import Checkpoint, from_json, to_json
 from ingest.logs import null_logger
 from ingest.partitions import PartitionsCheckpoint
 from ingest.reader import ResumePoint
+from ingest.records import ColumnType
 from ingest.records import Transaction as SpannerTransaction
 from ingest.timestamps import Nanos
 
@@ -132,13 +133,18 @@ class DeltaChangeLogSink:
         return self.commit([], start_point(start))
 
     def commit(
-        self, transactions: Sequence[SpannerTransaction], resume_point: ResumePoint
+        self,
+        transactions: Sequence[SpannerTransaction],
+        resume_point: ResumePoint,
+        watched: Mapping[str, tuple[ColumnType, ...]] | None = None,
     ) -> CommitResult:
+        """Land whole transactions up to the resume point's low watermark, and schema rows of
+        the tables whose ``watched`` columns (read at that watermark) changed."""
         version = self._next_version
         checkpoint = Checkpoint(
             self._job_id, version, self._owner, self._wall_clock(), resume_point, self._job_start
         )
-        rows = changelog.to_arrow(transactions)
+        rows = changelog.to_arrow(transactions, watched, resume_point.low_watermark)
         retrying = Retrying(
             retry=retry_if_exception_type((CommitFailedError, OSError)),
             wait=wait_exponential_jitter(multiplier=0.05, max=5),

@@ -13,10 +13,18 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from ingest.changelog import SCHEMA_ROW
 from ingest.checkpoint import from_json
 from ingest.sink import CHECKPOINT_KEY
 from ingest.timestamps import parse_rfc3339
-from pipeline.types import EVERY_COLUMN_CAPTURES, Interval, Label, TableShape, merge_shapes
+from pipeline.types import (
+    EVERY_COLUMN_CAPTURES,
+    Interval,
+    Label,
+    Source,
+    TableShape,
+    merge_shapes,
+)
 
 
 def scan(table: DeltaTable, columns: list[str] | None = None) -> pa.Table:
@@ -43,20 +51,26 @@ def discover_shapes(changelog_uri: str) -> dict[str, TableShape]:
     )
     if scanned.num_rows == 0:
         return {}
-    every = pc.and_(
-        pc.is_in(scanned["value_capture_type"], pa.array(EVERY_COLUMN_CAPTURES)),
-        pc.not_equal(scanned["mod_type"], "DELETE"),
+    schema = pc.equal(scanned["mod_type"], SCHEMA_ROW)
+    every = pc.or_(
+        schema,
+        pc.and_(
+            pc.is_in(scanned["value_capture_type"], pa.array(EVERY_COLUMN_CAPTURES)),
+            pc.not_equal(scanned["mod_type"], "DELETE"),
+        ),
     )
     scanned = scanned.append_column("every_column", pc.fill_null(every, False))
-    grouped = scanned.group_by(["table_name", "column_types", "every_column"]).aggregate(
+    scanned = scanned.append_column("schema", schema)
+    grouped = scanned.group_by(["table_name", "column_types", "every_column", "schema"]).aggregate(
         [("commit_timestamp_text", "min"), ("commit_timestamp_text", "max")]
     )
     intervals = [
-        Interval(table_name, column_types, first, last, every_column)
-        for table_name, column_types, every_column, first, last in zip(
+        Interval(table_name, column_types, first, last, every_column, schema_rows)
+        for table_name, column_types, every_column, schema_rows, first, last in zip(
             grouped["table_name"].to_pylist(),
             grouped["column_types"].to_pylist(),
             grouped["every_column"].to_pylist(),
+            grouped["schema"].to_pylist(),
             grouped["commit_timestamp_text_min"].to_pylist(),
             grouped["commit_timestamp_text_max"].to_pylist(),
             strict=True,
@@ -66,7 +80,7 @@ def discover_shapes(changelog_uri: str) -> dict[str, TableShape]:
 
 
 def _runs_from_rows(
-    scanned: pa.Table, table: str, column: str, labels: dict[tuple[str, bool], Label]
+    scanned: pa.Table, table: str, column: str, labels: dict[Source, Label]
 ) -> list[tuple[str, Label]]:
     """A column's (since, label) runs read row by row, for a column list that came back (so the
     per-list intervals overlap)."""
@@ -76,9 +90,13 @@ def _runs_from_rows(
         if label not in distinct:
             distinct.append(label)
     per_row = np.full(rows.num_rows, -1, dtype=np.int64)
-    for (text, every_column), label in labels.items():
+    for (text, every_column, schema), label in labels.items():
         mask = pc.and_(
-            pc.equal(rows["column_types"], text), pc.equal(rows["every_column"], every_column)
+            pc.and_(
+                pc.equal(rows["column_types"], text),
+                pc.equal(rows["every_column"], every_column),
+            ),
+            pc.equal(rows["schema"], schema),
         )
         per_row[mask.to_numpy(zero_copy_only=False)] = distinct.index(label)
     kept = np.flatnonzero(per_row >= 0)

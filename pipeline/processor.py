@@ -1,5 +1,7 @@
 """The stateful processor: per (table, primary key), apply change-log rows to the current row image.
 
+Schema rows (key "") apply to no row: they only show whether the table's shape is still current.
+
 Rows of one key are applied in change-log order; any row at or before the last applied position
 (a replayed change-log version, an older change) is ignored, including after a delete, whose
 position stays in a tombstone with a TTL. One output row per key and micro-batch carries the
@@ -129,6 +131,9 @@ class ChangeApplier(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
         table, keys_json = key
         shape = self.shapes.get(table)
+        if keys_json == "":
+            self._check_schema_rows(shape, rows)
+            return
         if shape is None:
             raise SourceSchemaChanged(f"{SOURCE_SCHEMA_CHANGED}: new table {table!r}")
         image_state = self.images[table]
@@ -204,6 +209,20 @@ class ChangeApplier(StatefulProcessor):
             if marker is not None:
                 return position(marker), state is self.tombstone
         return None, False
+
+    def _check_schema_rows(self, shape: TableShape | None, rows: Iterator[Row]) -> None:
+        """Schema rows apply to no key; one showing a drop the shape lacks restarts the job,
+        which learns it and renews the mirror column. A table no change record carried yet has
+        no shape and nothing to drop."""
+        for row in rows:
+            watched = {c.name for c in self._columns(row["column_types"])}
+            if shape is not None and not shape.shows_no_new_drop(
+                row["commit_timestamp_text"], watched
+            ):
+                raise SourceSchemaChanged(
+                    f"{SOURCE_SCHEMA_CHANGED}: table {shape.name!r} has dropped or unwatched "
+                    "columns"
+                )
 
     def _covers(self, shape: TableShape, row: Row, columns: list[ColumnType]) -> bool:
         history = row["commit_timestamp_text"] <= shape.learned_through

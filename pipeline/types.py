@@ -17,6 +17,7 @@ from typing import Any
 
 from pyspark.sql import types as T
 
+from ingest.changelog import SCHEMA_ROW
 from ingest.encoding import canonical_json
 from ingest.records import ColumnType
 from ingest.timestamps import parse_rfc3339
@@ -179,6 +180,13 @@ class TableShape:
             return generations[0].field
         return [g for g in generations if g.since <= commit_timestamp_text][-1].field
 
+    def shows_no_new_drop(self, commit_timestamp_text: str, watched: set[str]) -> bool:
+        """Whether a schema row listing ``watched`` columns leaves this shape as it is: it is
+        history, or it lists every column the shape holds live."""
+        if commit_timestamp_text <= self.learned_through:
+            return True
+        return all(c.name in watched for c in self.columns if self.dropped_since(c.name) is None)
+
     def covers(
         self, commit_timestamp_text: str, columns: list[ColumnType], every_column: bool = False
     ) -> bool:
@@ -207,12 +215,15 @@ EVERY_COLUMN_CAPTURES = ("NEW_ROW", "NEW_ROW_AND_OLD_VALUES")
 
 
 def lists_every_column(value_capture_type: str | None, mod_type: str | None) -> bool:
-    """Whether a record's ``column_types`` lists every watched column of its table, so a column
+    """Whether a row's ``column_types`` lists every watched column of its table, so a column
     missing from it is no longer there (dropped, or no longer watched).
 
-    Spanner documents it for the NEW_ROW captures; UPDATE records of the other captures list the
-    changed columns only, and DELETE is not documented (emulator/NOTES.md).
+    Schema rows do; of change records, Spanner documents it for the NEW_ROW captures: UPDATE
+    records of the other captures list the changed columns only, and DELETE is not documented
+    (emulator/NOTES.md).
     """
+    if mod_type == SCHEMA_ROW:
+        return True
     return value_capture_type in EVERY_COLUMN_CAPTURES and mod_type != "DELETE"
 
 
@@ -239,12 +250,17 @@ class Interval:
     last: str
     every_column: bool = False
     """The rows list every watched column (``lists_every_column``)."""
+    schema: bool = False
+    """Schema rows: they show which columns exist, never a column's type or a new column (the
+    shape learns those from change records, whose values need them)."""
 
 
 Label = T.DataType | None
 """A column's state type in a run of rows, or None where rows listing every column lack it."""
-Resolver = Callable[[str, str, dict[tuple[str, bool], Label]], list[tuple[str, Label]]]
-"""(table, column, its label by (column_types text, every_column)) → the column's exact runs."""
+Source = tuple[str, bool, bool]
+"""Rows with one (``column_types`` text, every_column, schema) in an interval."""
+Resolver = Callable[[str, str, dict[Source, Label]], list[tuple[str, Label]]]
+"""(table, column, its label by source) → the column's exact runs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +268,7 @@ class _Span:
     first: str
     last: str
     label: Label
-    source: tuple[str, bool]
+    source: Source
 
 
 def merge_shapes(
@@ -263,7 +279,8 @@ def merge_shapes(
     A column keeps the type of its newest appearance (STRING↔BYTES changes) and its position;
     columns dropped from Spanner stay, since older rows still hold them. A column gets a new
     generation when its state type changes or when it comes back after rows listing every column
-    showed it gone; it is dropped when such rows show it gone after its last appearance. When
+    showed it gone; it is dropped when such rows show it gone after its last appearance. Schema
+    rows only show columns gone: columns and their types come from change records. When
     intervals of different labels overlap in time (a column list came back), ``resolve`` finds
     the exact change points from the rows.
     """
@@ -273,15 +290,16 @@ def merge_shapes(
     spans: dict[tuple[str, str], list[_Span]] = {}
     complete: dict[str, list[tuple[Interval, frozenset[str]]]] = {}
     for interval in ordered:
-        known = columns.setdefault(interval.table, {})
         through[interval.table] = max(through.get(interval.table, ""), interval.last)
         listed = parse_column_types(interval.column_types)
-        source = (interval.column_types, interval.every_column)
-        for column in listed:
-            known[column.name] = column
-            spans.setdefault((interval.table, column.name), []).append(
-                _Span(interval.first, interval.last, state_type(column.type), source)
-            )
+        source = (interval.column_types, interval.every_column, interval.schema)
+        if not interval.schema:
+            known = columns.setdefault(interval.table, {})
+            for column in listed:
+                known[column.name] = column
+                spans.setdefault((interval.table, column.name), []).append(
+                    _Span(interval.first, interval.last, state_type(column.type), source)
+                )
         if interval.every_column:
             names = frozenset(c.name for c in listed)
             complete.setdefault(interval.table, []).append((interval, names))
@@ -289,7 +307,7 @@ def merge_shapes(
     dropped: dict[str, list[tuple[str, str]]] = {}
     for (table, name), carried in sorted(spans.items()):
         absent = [
-            _Span(i.first, i.last, None, (i.column_types, True))
+            _Span(i.first, i.last, None, (i.column_types, True, i.schema))
             for i, names in complete.get(table, [])
             if name not in names
         ]
@@ -348,9 +366,7 @@ def _lives(runs: list[tuple[str, Label]]) -> list[tuple[str, T.DataType]]:
     return lives
 
 
-def _unresolvable(
-    table: str, column: str, labels: dict[tuple[str, bool], Label]
-) -> list[tuple[str, Label]]:
+def _unresolvable(table: str, column: str, labels: dict[Source, Label]) -> list[tuple[str, Label]]:
     raise ValueError(f"{table}.{column} changed under one column list; rows are needed")
 
 

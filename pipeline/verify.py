@@ -82,12 +82,13 @@ def changelog_watermark(changelog_uri: str, version: int | None = None) -> Water
 
 
 def landed_transactions(changelog_uri: str) -> int:
-    """Distinct transactions in the change log (0 before its first commit)."""
+    """Distinct transactions in the change log (0 before its first commit; schema rows have
+    no transaction id)."""
     try:
         ids = scan(DeltaTable(changelog_uri), ["server_transaction_id"])
     except TableNotFoundError:
         return 0
-    return len(set(ids.column(0).to_pylist()))
+    return len(set(ids.column(0).to_pylist()) - {""})
 
 
 def compare_mirrors(

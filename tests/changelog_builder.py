@@ -67,10 +67,13 @@ class ChangeLog:
         self.pending.append(transaction)
         return transaction
 
-    def land(self) -> int:
-        """Commit what is pending as one Delta version; its low watermark is the clock."""
+    def land(self, watched: dict[str, tuple[ColumnType, ...]] | None = None) -> int:
+        """Commit what is pending as one Delta version; its low watermark is the clock, just
+        past the pending transactions when ``watched`` columns land as schema rows with them."""
+        if watched:
+            self.clock += 1
         result = self.sink.commit(
-            self.pending, ResumePoint(self.clock, PartitionsCheckpoint((), ()))
+            self.pending, ResumePoint(self.clock, PartitionsCheckpoint((), ())), watched
         )
         self.landed.append(self.pending)
         self.pending = []

@@ -12,9 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from emulator.workload import CommittedTransaction
+from ingest.changelog import SCHEMA_ROW
 from ingest.checkpoint import Checkpoint, from_json
 from ingest.sink import CHECKPOINT_KEY
-from ingest.timestamps import parse_rfc3339
+from ingest.timestamps import parse_rfc3339, to_rfc3339
 from pipeline.catalog import scan
 
 
@@ -62,11 +63,22 @@ def assert_change_log_invariants(
     previous_watermark = None
     previous_max = None
     balance_delta = 0
+    data_rows: list[dict] = []
     for version in appends:
         assert version.checkpoint is not None
         watermark = version.checkpoint.resume_point.low_watermark
-        stamps = [parse_rfc3339(r["commit_timestamp_text"]) for r in version.rows]
-        for row, stamp in zip(version.rows, stamps, strict=True):
+        schema_rows = [r for r in version.rows if r["mod_type"] == SCHEMA_ROW]
+        assert len({r["table_name"] for r in schema_rows}) == len(schema_rows)
+        for row in schema_rows:
+            assert (row["commit_timestamp_text"], row["server_transaction_id"], row["keys"]) == (
+                to_rfc3339(watermark),
+                "",
+                "",
+            ), "a schema row is read at its version's low watermark and is no transaction"
+        version_rows = [r for r in version.rows if r["mod_type"] != SCHEMA_ROW]
+        data_rows += version_rows
+        stamps = [parse_rfc3339(r["commit_timestamp_text"]) for r in version_rows]
+        for row, stamp in zip(version_rows, stamps, strict=True):
             tx = row["server_transaction_id"]
             assert seen_in.setdefault(tx, version.number) == version.number, (
                 f"transaction {tx} spans versions {seen_in[tx]} and {version.number}"
@@ -79,13 +91,13 @@ def assert_change_log_invariants(
         if stamps:
             previous_max = max(stamps)
         previous_watermark = watermark
-        for row in version.rows:
+        for row in version_rows:
             if row["table_name"] == "accounts" and row["mod_type"] == "UPDATE":
                 new, old = json.loads(row["new_values"]), json.loads(row["old_values"])
                 balance_delta += int(new["balance"]) - int(old["balance"])
         assert balance_delta == 0, f"version {version.number} is not a consistent cut"
 
-    rows = [row for v in appends for row in v.rows]
+    rows = data_rows
     by_transaction: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         by_transaction[row["server_transaction_id"]].append(row)

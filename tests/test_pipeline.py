@@ -14,6 +14,7 @@ from deltalake import DeltaTable, write_deltalake
 from ingest import changelog as changelog_rows
 from ingest.logs import null_logger
 from ingest.records import ColumnType
+from pipeline import catalog as pipeline_catalog
 from pipeline import job
 from pipeline.checkpoint import CheckpointInUse, CheckpointLock
 from pipeline.job import PipelineFailed, run_pipeline
@@ -350,6 +351,32 @@ def test_a_column_dropped_and_added_again_with_another_type_is_a_new_generation(
     assert [
         (f.name, f.dataType.simpleString()) for f in fields.schemas["row_accounts"].fields[3:]
     ] == [("ratio", "double"), ("ratio__g2", "float"), ("ratio__g3", "double")]
+
+
+def test_a_schema_row_showing_a_drop_restarts_a_running_job_and_nulls_the_column(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NEW_VALUES change log: updates list changed columns only, so only the schema row the
+    ingest service lands shows ``owner`` dropped. A job planned before it landed meets it in a
+    batch, restarts, learns the drop and renews the mirror column."""
+    config = configure(tmp_path)
+    changelog = ChangeLog(config.changelog_uri, value_capture_type="NEW_VALUES")
+    seed(changelog)
+    run(spark, config)
+    planned_before = job.discover_shapes(config.changelog_uri)
+    without_owner = (ACCOUNTS[0], ACCOUNTS[2])
+    changelog.columns["accounts"] = without_owner
+    changelog.commit(("accounts", "UPDATE", {"account_id": "3"}, {"balance": "8"}))
+    changelog.land(watched={"accounts": without_owner})
+    plans = iter([planned_before])
+    monkeypatch.setattr(job, "discover_shapes", lambda uri: next(plans, None) or real(uri))
+    real = pipeline_catalog.discover_shapes
+    stats = run(spark, config)
+    assert stats.restarts == 1 and stats.evolutions == 1
+    assert mirror_rows(spark, config) == {
+        1: {"account_id": 1, "owner": None, "balance": 90},
+        3: {"account_id": 3, "owner": None, "balance": 8},
+    }
 
 
 def test_a_row_that_cannot_be_applied_stops_the_job_with_one_line_and_no_value(

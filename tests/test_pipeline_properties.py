@@ -3,7 +3,8 @@
 Hypothesis writes a history of one captured table under a NEW_ROW or a NEW_VALUES capture: ADD
 COLUMN of twelve types, DROP COLUMN, STRING↔BYTES both ways, a dropped name added again,
 interleaved with inserts, updates (whole rows as NEW_ROW captures send them, or changed columns
-only as NEW_VALUES captures do) and deletes, arrays holding NULL elements. The change log is
+only as NEW_VALUES captures do) and deletes, arrays holding NULL elements, and schema rows
+(the watched columns, as the ingest service lands them) after some stages. The change log is
 written by the real sink, one Delta version per stage, and processed three ways (following each
 stage, stopped after a random stage and restarted behind, rebuilt from scratch); all three
 mirrors must equal each other and a model of Spanner at the last W.
@@ -93,8 +94,8 @@ class Spanner:
     rows: dict[int, dict[str, Any]] = field(default_factory=dict)
     next_ordinal: int = 2
     unseen_drops: dict[str, set[str]] = field(default_factory=dict)
-    """Dropped names no change record has shown gone yet, with their state types: only records
-    listing every column (NEW_ROW captures, not DELETE) show a drop."""
+    """Dropped names no row has shown gone yet, with their state types: only records listing
+    every column (NEW_ROW captures, not DELETE) and schema rows show a drop."""
 
     def column_types(self) -> tuple[ColumnType, ...]:
         ordered = sorted(self.columns.items(), key=lambda c: self.ordinals[c[0]])
@@ -116,6 +117,10 @@ class Spanner:
         """An INSERT or UPDATE was recorded: under a NEW_ROW capture it lists every column."""
         if self.capture.startswith("NEW_ROW"):
             self.unseen_drops.clear()
+
+    def watched_read(self) -> None:
+        """The ingest service read the watched columns: a schema row lists every column."""
+        self.unseen_drops.clear()
 
     def retype(self, name: str) -> None:
         """STRING↔BYTES: Spanner converts the stored values (UTF-8)."""
@@ -181,6 +186,9 @@ def histories(draw: st.DrawFn) -> tuple[list[list[tuple]], Spanner, int]:
                 for n in names:
                     model.rows[key][n] = value(model.columns[n], seed)[1]
                 model.written()
+        if draw(st.booleans()):
+            ops.append(("watched",))
+            model.watched_read()
         stages.append(ops)
     return stages, model, draw(st.integers(1, len(stages) - 1))
 
@@ -192,8 +200,11 @@ def writers(stages: list[list[tuple]], capture: str) -> list[Callable[[ChangeLog
     def write(changelog: ChangeLog, ops: list[tuple]) -> None:
         schema = schemas.setdefault(changelog.uri, Spanner(capture=capture))
         changelog.value_capture_type = capture
+        watched = None
         for op in ops:
-            if op[0] == "add":
+            if op[0] == "watched":
+                watched = {"t": schema.column_types()}
+            elif op[0] == "add":
                 schema.add(op[1], op[2])
             elif op[0] == "drop":
                 schema.drop(op[1])
@@ -210,7 +221,7 @@ def writers(stages: list[list[tuple]], capture: str) -> list[Callable[[ChangeLog
                     listed = tuple(c for c in listed if c.is_primary_key or c.name in sent)
                 changelog.columns["t"] = listed
                 changelog.commit(("t", mod_type, {"id": str(op[1])}, sent))
-        changelog.land()
+        changelog.land(watched)
 
     return [functools.partial(write, ops=ops) for ops in stages]
 
@@ -232,7 +243,8 @@ def test_any_history_replays_to_the_same_mirrors_equal_to_spanner(
         spark, folder, writers(stages, model.capture), "t", "id", stopped_after
     )
     assert mirrors[0] == mirrors[1] == mirrors[2], f"the three ways disagree: {stages}"
-    # A dropped column stays in the mirror, NULL, once a record has shown the drop; a column no
+    # A dropped column stays in the mirror, NULL, once a record or a schema row has shown the
+    # drop; a column no
     # record has carried since it was added is not in the mirror yet: NULL, as in Spanner.
     shown = {n for row in mirrors[0].values() for n in row} - {"id", *model.columns}
     shown -= set(model.unseen_drops)

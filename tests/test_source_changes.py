@@ -57,23 +57,25 @@ class Source:
             mutate(batch)
         return from_datetime(batch.committed)
 
-    def landed(self, commit_timestamp: int, timeout: float = 60) -> None:
+    def landed(
+        self, commit_timestamp: int, timeout: float = 60, changelog: Path | None = None
+    ) -> None:
         """Wait until the change log's low watermark passes the commit."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            watermark = changelog_watermark(str(self.changelog))
+            watermark = changelog_watermark(str(changelog or self.changelog))
             if watermark is not None and watermark.low_watermark >= commit_timestamp:
                 return
             time.sleep(0.2)
         raise AssertionError(f"commit {to_rfc3339(commit_timestamp)} did not land in {timeout} s")
 
-    def job(self, name: str) -> PipelineConfig:
-        return configure(self.folder / name, changelog_uri=str(self.changelog))
+    def job(self, name: str, changelog: Path | None = None) -> PipelineConfig:
+        return configure(self.folder / name, changelog_uri=str(changelog or self.changelog))
 
     def assert_mirrors_equal_spanner(self, config: PipelineConfig, *tables: str) -> None:
-        watermark = changelog_watermark(str(self.changelog))
+        watermark = changelog_watermark(config.changelog_uri)
         assert watermark is not None
-        shapes = {t: s for t, s in discover_shapes(str(self.changelog)).items() if t in tables}
+        shapes = {t: s for t, s in discover_shapes(config.changelog_uri).items() if t in tables}
         assert set(shapes) == set(tables)
         comparisons = compare_mirrors(
             self.database, config.mirror_root, shapes, watermark.low_watermark, timestamp_digits=0
@@ -250,6 +252,57 @@ def test_a_dropped_column_reads_null_in_the_mirror_and_comes_back_new(
     tier = shape.column("tier")
     assert tier is not None
     assert [g.field for g in shape.generations_of(tier)] == ["tier", "tier__g2"]
+
+
+def test_a_drop_under_a_new_values_stream_shows_without_another_write(
+    spark, source: Source
+) -> None:
+    """Case 4 under the captures whose updates list changed columns only, on a table not
+    written after the drop: only the schema rows the ingest service reads show it."""
+    source.ddl(
+        "CREATE TABLE plans (id INT64 NOT NULL, tier STRING(MAX), n INT64) PRIMARY KEY (id)",
+        "CREATE CHANGE STREAM plan_values FOR plans OPTIONS (value_capture_type = 'NEW_VALUES')",
+    )
+    changelog = source.folder / "plan-values-changelog"
+    service = Service(
+        source.database.database_id,
+        changelog,
+        source.folder / "plan-values-ingest.log",
+        start=None,
+        SPANNER_CHANGE_STREAM="plan_values",
+        INGEST_WATCHED_COLUMNS_INTERVAL_S="0.5",
+    )
+    process = service.start()
+    try:
+        service.wait_for("ingest_started", 1, timeout=60, process=process)
+        rows = [(1, "gold", 1), (2, "silver", 2)]
+        source.write(lambda b: b.insert("plans", ["id", "tier", "n"], rows))
+        updated = source.write(lambda b: b.update("plans", ["id", "n"], [(1, 10)]))
+        source.landed(updated, changelog=changelog)
+        following = source.job("plans-following", changelog)
+        run(spark, following)
+        assert {k: r["tier"] for k, r in mirror(following, "plans").items()} == {
+            1: "gold",
+            2: "silver",
+        }
+        source.ddl("ALTER TABLE plans DROP COLUMN tier")
+        deadline = time.monotonic() + 60
+        while not discover_shapes(str(changelog))["plans"].dropped:
+            assert time.monotonic() < deadline, "no schema row showed the drop in 60 s"
+            time.sleep(0.2)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        finally:
+            process.kill()
+    assert run(spark, following).restarts == 0
+    rebuilt = source.job("plans-rebuilt", changelog)
+    assert run(spark, rebuilt).restarts == 0
+    for config in (following, rebuilt):
+        source.assert_mirrors_equal_spanner(config, "plans")
+        assert {k: r["tier"] for k, r in mirror(config, "plans").items()} == {1: None, 2: None}
+        assert {k: r["n"] for k, r in mirror(config, "plans").items()} == {1: 10, 2: 2}
 
 
 def test_timestamps_and_dates_of_the_whole_range_open_with_deltalake_and_spark(

@@ -15,7 +15,7 @@ from ingest.encoding import canonical_json
 from ingest.records import ColumnType
 from ingest.timestamps import to_rfc3339
 from pipeline.catalog import discover_shapes
-from pipeline.types import Interval, Label, TableShape, merge_shapes, state_type
+from pipeline.types import Interval, Label, Source, TableShape, merge_shapes, state_type
 from tests.changelog_builder import ChangeLog
 
 ID = {"name": "id", "type": {"code": "INT64"}, "is_primary_key": True, "ordinal_position": 1}
@@ -34,21 +34,25 @@ def at(second: int) -> str:
     return f"2026-11-23T10:00:{second:02d}.000000000Z"
 
 
-def shape_of(*rows: tuple[int, str, bool]) -> TableShape:
-    """The shape of table t from (second, column_types, lists every column) rows, one interval
-    per row, resolved row by row when intervals overlap."""
-    intervals = [Interval("t", text, at(s), at(s), every) for s, text, every in rows]
-    return merge_shapes(intervals, _resolver(rows))["t"]
+Row = tuple[int, str, bool, bool]
+"""(second, column_types, lists every column, schema row)"""
 
 
-def _resolver(rows: tuple[tuple[int, str, bool], ...]) -> Any:
-    def resolve(
-        table: str, column: str, labels: dict[tuple[str, bool], Label]
-    ) -> list[tuple[str, Label]]:
+def shape_of(*rows: tuple[int, str, bool] | Row) -> TableShape:
+    """The shape of table t from rows, one interval per row, resolved row by row when intervals
+    overlap."""
+    full = tuple((*row, False)[:4] for row in rows)
+    intervals = [Interval("t", text, at(s), at(s), every, kind) for s, text, every, kind in full]
+    return merge_shapes(intervals, _resolver(full))["t"]
+
+
+def _resolver(rows: tuple[Row, ...]) -> Any:
+    def resolve(table: str, column: str, labels: dict[Source, Label]) -> list[tuple[str, Label]]:
         runs: list[tuple[str, Label]] = []
-        for second, text, every in sorted(rows):
-            if (text, every) in labels and (not runs or runs[-1][1] != labels[(text, every)]):
-                runs.append((at(second), labels[(text, every)]))
+        for second, text, every, schema in sorted(rows):
+            source = (text, every, schema)
+            if source in labels and (not runs or runs[-1][1] != labels[source]):
+                runs.append((at(second), labels[source]))
         return runs
 
     return resolve
@@ -114,6 +118,59 @@ def test_a_newer_record_that_lists_every_column_but_lacks_a_live_one_is_learned_
     assert shape.covers(at(1), without_tier, every_column=True)
 
 
+def test_a_schema_row_lacking_a_column_shows_it_dropped_under_any_capture() -> None:
+    shape = shape_of(
+        (1, column_types(a="STRING", tier="STRING"), False),
+        (2, column_types(a="STRING"), False),
+        (4, column_types(a="STRING"), True, True),
+    )
+    tier = shape.column("tier")
+    assert tier is not None
+    assert shape.dropped == (("tier", at(4)),)
+    assert shape.current_field(tier) is None
+    assert shape.learned_through == at(4)
+
+
+def test_a_schema_row_adds_no_column_and_no_generation() -> None:
+    """Columns and their types come from change records only: a schema row naming a column no
+    record carried, or a column back after a drop, changes nothing until a record carries it."""
+    shape = shape_of(
+        (1, column_types(a="STRING", tier="STRING"), True),
+        (2, column_types(a="STRING"), True, True),
+        (3, column_types(a="STRING", tier="INT64", b="INT64"), True, True),
+    )
+    assert [c.name for c in shape.columns] == ["id", "a", "tier"]
+    assert shape.dropped == (("tier", at(2)),)
+    back = shape_of(
+        (1, column_types(a="STRING", tier="STRING"), True),
+        (2, column_types(a="STRING"), True, True),
+        (3, column_types(a="STRING", tier="STRING"), True, True),
+        (5, column_types(a="STRING", tier="STRING"), False),
+    )
+    tier = back.column("tier")
+    assert tier is not None
+    assert [(g.field, g.since) for g in back.generations_of(tier)] == [
+        ("tier", ""),
+        ("tier__g2", at(5)),
+    ]
+    assert back.dropped == ()
+
+
+def test_a_table_only_schema_rows_name_has_no_shape() -> None:
+    intervals = [
+        Interval("t", column_types(a="STRING"), at(1), at(1), True),
+        Interval("quiet", column_types(a="STRING"), at(2), at(2), True, True),
+    ]
+    assert sorted(merge_shapes(intervals)) == ["t"]
+
+
+def test_a_newer_schema_row_lacking_a_live_column_is_learned_again() -> None:
+    shape = shape_of((1, column_types(a="STRING", tier="STRING"), True))
+    assert shape.shows_no_new_drop(at(2), {"id", "a", "tier", "new"})
+    assert not shape.shows_no_new_drop(at(2), {"id", "a"})
+    assert shape.shows_no_new_drop(at(1), {"id", "a"})
+
+
 LISTS = {
     "a": column_types(a="STRING"),
     "a_tier": column_types(a="STRING", tier="STRING"),
@@ -122,14 +179,16 @@ LISTS = {
 }
 
 
-def oracle(rows: list[tuple[int, str, bool]]) -> tuple[list[tuple[str, T.DataType]], str | None]:
+def oracle(rows: list[Row]) -> tuple[list[tuple[str, T.DataType]], str | None]:
     """tier's generations and drop, walking the rows one by one."""
     lives: list[tuple[str, T.DataType]] = []
     previous: Label = None
     dropped = None
-    for second, name, every in sorted(rows):
+    for second, name, every, schema in sorted(rows):
         types = {c["name"]: c["type"] for c in json.loads(LISTS[name])}
         if "tier" in types:
+            if schema:
+                continue
             label: Label = state_type(types["tier"])
             if label != previous:
                 lives.append((at(second) if lives else "", label))
@@ -141,22 +200,32 @@ def oracle(rows: list[tuple[int, str, bool]]) -> tuple[list[tuple[str, T.DataTyp
     return lives, dropped
 
 
+KINDS_OF_ROWS = {"changed columns": (False, False), "every column": (True, False)}
+KINDS_OF_ROWS["schema row"] = (True, True)
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(sorted(LISTS)), st.booleans()), min_size=1, max_size=12))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(sorted(LISTS)), st.sampled_from(sorted(KINDS_OF_ROWS))),
+        min_size=1,
+        max_size=12,
+    )
+)
 def test_generations_and_drops_from_intervals_equal_a_row_by_row_walk(
-    events: list[tuple[str, bool]],
+    events: list[tuple[str, str]],
 ) -> None:
-    rows = [(second, name, every) for second, (name, every) in enumerate(events)]
-    if not any("tier" in LISTS[name] for _, name, _ in rows):
+    rows = [(second, name, *KINDS_OF_ROWS[kind]) for second, (name, kind) in enumerate(events)]
+    if not any("tier" in LISTS[name] and not schema for _, name, _, schema in rows):
         return
-    grouped: dict[tuple[str, bool], list[int]] = {}
-    for second, name, every in rows:
-        grouped.setdefault((LISTS[name], every), []).append(second)
+    grouped: dict[Source, list[int]] = {}
+    for second, name, every, schema in rows:
+        grouped.setdefault((LISTS[name], every, schema), []).append(second)
     intervals = [
-        Interval("t", text, at(min(seconds)), at(max(seconds)), every)
-        for (text, every), seconds in grouped.items()
+        Interval("t", text, at(min(seconds)), at(max(seconds)), every, schema)
+        for (text, every, schema), seconds in grouped.items()
     ]
-    resolver = _resolver(tuple((s, LISTS[n], e) for s, n, e in rows))
+    resolver = _resolver(tuple((s, LISTS[n], e, k) for s, n, e, k in rows))
     shape = merge_shapes(intervals, resolver)["t"]
     tier = shape.column("tier")
     assert tier is not None
@@ -193,3 +262,25 @@ def test_the_catalog_reads_drops_and_returns_from_the_change_log(tmp_path: Path)
     shape = discover_shapes(changelog.uri)["t"]
     assert shape.dropped == (("tier", to_rfc3339(gone_again)),)
     assert dropped_at < back_at < gone_again
+
+
+def test_the_catalog_reads_a_drop_from_a_schema_row(tmp_path: Path) -> None:
+    """A NEW_VALUES stream: the update lists changed columns only, the schema row shows tier
+    gone; a table only schema rows name has no shape yet."""
+    changelog = ChangeLog(str(tmp_path / "changelog"), value_capture_type="NEW_VALUES")
+    with_tier = (
+        ColumnType("id", {"code": "INT64"}, True, 1),
+        ColumnType("tier", {"code": "STRING"}, False, 2),
+        ColumnType("a", {"code": "STRING"}, False, 3),
+    )
+    changelog.columns["t"] = with_tier
+    changelog.commit(("t", "INSERT", {"id": "1"}, {"tier": "gold", "a": "x"}))
+    changelog.land()
+    changelog.columns["t"] = (with_tier[0], with_tier[2])
+    changelog.commit(("t", "UPDATE", {"id": "1"}, {"a": "y"}))
+    changelog.land(watched={"t": with_tier})
+    assert discover_shapes(changelog.uri)["t"].dropped == ()
+    changelog.land(watched={"t": (with_tier[0], with_tier[2]), "quiet": with_tier})
+    shapes = discover_shapes(changelog.uri)
+    assert sorted(shapes) == ["t"]
+    assert shapes["t"].dropped == (("tier", to_rfc3339(changelog.clock)),)

@@ -1,0 +1,204 @@
+"""Watched columns read from information_schema, and when the ingest service lands them as schema
+rows: the type mapping and the polling rules without I/O, then both dialects on the emulator
+against what data change records list."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import structlog
+
+from ingest.cli import tail_argv
+from ingest.partitions import PartitionsCheckpoint
+from ingest.query import Dialect
+from ingest.reader import ResumePoint
+from ingest.records import ColumnType
+from ingest.service import STALE_READ_LIMIT_NANOS, Batcher
+from ingest.timestamps import NANOS_PER_SECOND, parse_rfc3339
+from ingest.watched_columns import WatchedColumns, column_type, read_watched_columns
+from tests.checks import start_after_setup
+
+GOOGLESQL = Dialect.GOOGLE_STANDARD_SQL
+POSTGRESQL = Dialect.POSTGRESQL
+
+
+def test_information_schema_types_read_as_record_types() -> None:
+    assert column_type("STRING(MAX)", GOOGLESQL) == {"code": "STRING"}
+    assert column_type("BYTES(16)", GOOGLESQL) == {"code": "BYTES"}
+    assert column_type("ARRAY<STRING(10)>", GOOGLESQL) == {
+        "code": "ARRAY",
+        "array_element_type": {"code": "STRING"},
+    }
+    assert column_type("PROTO<a.b.C>", GOOGLESQL) == {"code": "PROTO", "proto_type_fqn": "a.b.C"}
+    assert column_type("character varying(32)", POSTGRESQL) == {"code": "STRING"}
+    assert column_type("numeric[]", POSTGRESQL) == {
+        "code": "ARRAY",
+        "array_element_type": {"code": "NUMERIC", "type_annotation": "PG_NUMERIC"},
+    }
+    assert column_type("jsonb", POSTGRESQL) == {"code": "JSON", "type_annotation": "PG_JSONB"}
+    assert column_type("timestamp with time zone", POSTGRESQL) == {"code": "TIMESTAMP"}
+
+
+@dataclass
+class FakeSink:
+    commits: list[tuple[int, WatchedColumns | None]] = field(default_factory=list)
+
+    def commit(self, transactions: Any, point: ResumePoint, watched: Any = None) -> Any:
+        self.commits.append((point.low_watermark, watched))
+
+        @dataclass
+        class Result:
+            version: int = len(self.commits)
+            delta_version: int = 0
+            rows: int = 0
+            transactions: int = 0
+            replayed: bool = False
+
+        return Result()
+
+
+ID = ColumnType("id", {"code": "INT64"}, True, 1)
+TIER = ColumnType("tier", {"code": "STRING"}, False, 2)
+NOW = parse_rfc3339("2026-11-23T10:00:00Z")
+
+
+def batcher(sink: FakeSink, schema: list[Any], clock: list[float]) -> Batcher:
+    def read(timestamp: int) -> WatchedColumns:
+        answer = schema[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    return Batcher(
+        sink,  # type: ignore[arg-type]
+        flush_latency_s=1.0,
+        max_rows=100,
+        checkpoint_interval_s=1000.0,
+        retention_nanos=86_400 * NANOS_PER_SECOND,
+        log=structlog.get_logger(),
+        monotonic=lambda: clock[0],
+        wall_clock=lambda: NOW,
+        watched_columns=read,
+        watched_interval_s=10.0,
+        last_commit_at=0.0,
+    )
+
+
+def test_schema_rows_land_at_once_for_changed_tables_only() -> None:
+    sink, clock = FakeSink(), [1.0]
+    schema: list[Any] = [{"t": (ID, TIER), "u": (ID,)}]
+    b = batcher(sink, schema, clock)
+    b.on_tick()
+    assert sink.commits == [], "nothing released yet: no watermark to read at"
+    b.resume_point = ResumePoint(NOW - NANOS_PER_SECOND, PartitionsCheckpoint((), ()))
+    b.watched_read_at = None
+    b.on_tick()
+    assert sink.commits == [(NOW - NANOS_PER_SECOND, {"t": (ID, TIER), "u": (ID,)})]
+    schema[0] = {"t": (ID,), "u": (ID,)}
+    clock[0] = 5.0
+    b.on_tick()
+    assert len(sink.commits) == 1, "read again only after the interval"
+    clock[0] = 11.0
+    b.on_tick()
+    assert sink.commits[-1] == (NOW - NANOS_PER_SECOND, {"t": (ID,)})
+    clock[0] = 21.0
+    b.on_tick()
+    assert len(sink.commits) == 2, "unchanged columns land nothing"
+
+
+def test_a_failed_or_too_stale_read_lands_nothing_and_is_tried_again() -> None:
+    sink, clock = FakeSink(), [1.0]
+    schema: list[Any] = [RuntimeError("deadline exceeded")]
+    b = batcher(sink, schema, clock)
+    b.resume_point = ResumePoint(NOW - NANOS_PER_SECOND, PartitionsCheckpoint((), ()))
+    b.on_tick()
+    assert sink.commits == []
+    schema[0] = {"t": (ID, TIER)}
+    b.resume_point = ResumePoint(NOW - STALE_READ_LIMIT_NANOS - 1, PartitionsCheckpoint((), ()))
+    clock[0] = 12.0
+    b.on_tick()
+    assert sink.commits == []
+    b.resume_point = ResumePoint(NOW - NANOS_PER_SECOND, PartitionsCheckpoint((), ()))
+    clock[0] = 23.0
+    b.on_tick()
+    assert sink.commits == [(NOW - NANOS_PER_SECOND, {"t": (ID, TIER)})]
+
+
+def _records(database: Any, stream: str, start: int, end: int) -> list[tuple[int, dict]]:
+    """(commit timestamp, record) of every data change record, read by `ingest tail`."""
+    printed = subprocess.run(
+        tail_argv(database.database_id, stream, start, end, "--heartbeat-ms", "1000"),
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ),
+    ).stdout
+    return [
+        (parse_rfc3339(t["commit_timestamp"]), record)
+        for t in map(json.loads, printed.splitlines())
+        for record in t["records"]
+    ]
+
+
+WATCHED_TABLES = {
+    "g_rows": ["g"],
+    "all_changes": ["accounts", "all_types", "g", "transfers"],
+    "account_balances": ["accounts"],
+}
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("dialect", ["googlesql", "postgresql"])
+def test_watched_columns_equal_what_new_row_records_list(new_database, dialect: str) -> None:
+    """Every type of the sample's all_types table, a stored generated column (never watched)
+    and a stream watching one column: the schema read at a record's commit timestamp lists the
+    columns, types, keys and ordinals the record lists."""
+    database = new_database(dialect, accounts=0)
+    if dialect == "googlesql":
+        ddl = [
+            "CREATE TABLE g (id INT64 NOT NULL, a INT64, b INT64 AS (a * 2) STORED, "
+            "c ARRAY<NUMERIC>) PRIMARY KEY (id)",
+            "CREATE CHANGE STREAM g_rows FOR g OPTIONS (value_capture_type = 'NEW_ROW')",
+        ]
+    else:
+        ddl = [
+            "CREATE TABLE g (id bigint NOT NULL, a bigint, b bigint GENERATED ALWAYS AS (a * 2) "
+            "STORED, c numeric[], d jsonb, PRIMARY KEY (id))",
+            "CREATE CHANGE STREAM g_rows FOR g WITH (value_capture_type = 'NEW_ROW')",
+        ]
+    database.update_ddl(ddl).result(120)
+    start = start_after_setup()
+
+    def write(transaction: Any) -> None:
+        transaction.execute_update("INSERT INTO g (id, a) VALUES (1, 2)")
+        transaction.execute_update("INSERT INTO all_types (id, variant) VALUES (1, 'x')")
+        transaction.execute_update(
+            "INSERT INTO accounts (account_id, owner, balance) VALUES (1, 'o', 1)"
+        )
+
+    database.run_in_transaction(write)
+    end = start_after_setup()
+    compared = set()
+    for stream in ("g_rows", "all_changes", "account_balances"):
+        for committed, record in _records(database, stream, start, end):
+            watched = read_watched_columns(database, stream, Dialect(dialect), committed)
+            listed = [
+                ColumnType(c["name"], c["type"], c["is_primary_key"], c["ordinal_position"])
+                for c in record["column_types"]
+            ]
+            assert list(watched[record["table_name"]]) == listed, (stream, record["table_name"])
+            compared.add((stream, record["table_name"]))
+        tables = sorted(read_watched_columns(database, stream, Dialect(dialect), end))
+        assert tables == WATCHED_TABLES[stream]
+    assert compared == {
+        ("g_rows", "g"),
+        ("all_changes", "g"),
+        ("all_changes", "all_types"),
+        ("all_changes", "accounts"),
+        ("account_balances", "accounts"),
+    }
