@@ -24,10 +24,12 @@ jars: .jars/.fetched
 
 test: venv jars
 	$(PY) -m ruff check ingest pipeline emulator tests bench
+	$(PY) -m mypy
 	$(PY) -m pytest
 
 lint: venv
 	$(PY) -m ruff check ingest pipeline emulator tests bench
+	$(PY) -m mypy
 
 # The whole product on one machine: emulator, sample database, workload, ingest service and
 # pipeline for RUN_SECONDS, then a PASS/FAIL check of every mirror against Spanner.

@@ -34,13 +34,13 @@ from google.cloud import spanner
 
 from emulator.bootstrap import bootstrap
 from emulator.server import emulator
+from emulator.verify import landed_transactions
 from emulator.workload import Workload, WorkloadConfig, run_in_subprocess
-from ingest import changelog
-from ingest.logs import make_logger
-from ingest.query import ChangeStreamQuery, Dialect
-from ingest.reader import ChangeStreamReader, ReaderConfig
-from ingest.timestamps import parse_rfc3339, to_rfc3339
-from pipeline.verify import landed_transactions
+from ingest.changestream.query import ChangeStreamQuery, Dialect
+from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.delta import changelog
+from ingest.model.logs import make_logger
+from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 
 WORK = Path(tempfile.mkdtemp(prefix="ingest-bench-"))
 

@@ -27,8 +27,8 @@ START = 1_700_000_000 * 10**9
 
 
 def streams(mods: int, records: int) -> dict:
-    from ingest.partitions import INITIAL_PARTITION
-    from ingest.records import ChildPartition, ChildPartitionsRecord, HeartbeatRecord, Mod
+    from ingest.model.records import ChildPartition, ChildPartitionsRecord, HeartbeatRecord, Mod
+    from ingest.rules.partitions import INITIAL_PARTITION
     from tests.test_core_units import record
 
     per_record = mods // records
@@ -65,10 +65,10 @@ def land(port: int, table: str) -> None:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import spanner
 
-    from ingest.logs import make_logger
-    from ingest.query import ChangeStreamQuery, Dialect
-    from ingest.reader import ChangeStreamReader, ReaderConfig
-    from ingest.sink import DeltaChangeLogSink
+    from ingest.changestream.query import ChangeStreamQuery, Dialect
+    from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+    from ingest.delta.sink import DeltaChangeLogSink
+    from ingest.model.logs import make_logger
 
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     client = spanner.Client(

@@ -37,18 +37,18 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ingest.logs import null_logger
-from ingest.partitions import PartitionsCheckpoint
-from ingest.reader import ResumePoint
-from ingest.records import ColumnType, DataChangeRecord, Mod, Transaction
-from ingest.sink import DeltaChangeLogSink
-from ingest.timestamps import parse_rfc3339, to_rfc3339
+from ingest.delta.sink import DeltaChangeLogSink
+from ingest.model.logs import null_logger
+from ingest.model.records import ColumnType, DataChangeRecord, Mod, Transaction
+from ingest.model.timestamps import parse_rfc3339, to_rfc3339
+from ingest.rules.partitions import PartitionsCheckpoint
+from ingest.rules.resume import ResumePoint
 from pipeline.config import PipelineConfig
 from pipeline.job import JobStats, plan_deployment, read_changes, spark_settings, start_query
 from pipeline.mirror import ensure_mirror, mirror_uri, write_batch
 from pipeline.processor import OPERATION, ChangeApplier, output_schema
 from pipeline.session import build_session
-from pipeline.state_schema import row_variable
+from pipeline.state.schema import row_variable
 
 COLUMNS = (
     ColumnType("account_id", {"code": "INT64"}, True, 1),

@@ -29,11 +29,12 @@ from google.cloud import spanner
 from emulator.bootstrap import bootstrap
 from emulator.server import emulator
 from emulator.workload import Workload, WorkloadConfig, run_in_subprocess
-from ingest.logs import make_logger
-from ingest.query import ChangeStreamQuery, Dialect, statement
-from ingest.reader import ChangeStreamReader, ReaderConfig, Release
-from ingest.records import ChangeRecord, DataChangeRecord
-from ingest.timestamps import Nanos
+from ingest.changestream.query import ChangeStreamQuery, Dialect, statement
+from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.model.logs import make_logger
+from ingest.model.records import ChangeRecord, DataChangeRecord
+from ingest.model.timestamps import Nanos
+from ingest.rules.resume import Release
 
 
 class RecordingSource:

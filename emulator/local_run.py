@@ -30,10 +30,10 @@ from google.cloud import spanner
 from emulator.bootstrap import bootstrap, seed_accounts
 from emulator.processes import Process
 from emulator.server import emulator
+from emulator.verify import changelog_watermark, compare_mirrors, landed_transactions
 from emulator.workload import CommittedTransaction, Workload, WorkloadConfig
-from ingest.timestamps import NANOS_PER_SECOND, to_rfc3339
+from ingest.model.timestamps import NANOS_PER_SECOND, to_rfc3339
 from pipeline.catalog import discover_shapes
-from pipeline.verify import changelog_watermark, compare_mirrors, landed_transactions
 
 EMULATOR_TIMESTAMP_DIGITS = 0
 """The emulator's change stream drops the fraction of TIMESTAMP values (emulator/NOTES.md)."""

@@ -3,7 +3,7 @@
 Transactions: transfers (read two balances, update both, insert a transfer row; the total balance
 stays constant), inserts/updates/deletes of rows using every common Spanner type, and deletes of
 old transfers. Each committed transaction is recorded with its commit timestamp and its mods as
-Python values (the same values ``ingest.values.decode_value`` yields from the change stream).
+Python values (the same values ``ingest.model.values.decode_value`` yields from the change stream).
 
 Usage: ``python -m emulator.workload --duration 30 --rate 100 --out committed.jsonl``
 """
@@ -31,7 +31,7 @@ from google.cloud import spanner
 from google.cloud.spanner_v1.data_types import JsonObject
 from google.cloud.spanner_v1.database import Database
 
-from ingest.timestamps import Nanos, from_datetime, to_datetime, to_rfc3339
+from ingest.model.timestamps import Nanos, from_datetime, to_datetime, to_rfc3339
 
 ALL_TYPES_COLUMNS = (
     "col_int64",

@@ -1,1 +1,2 @@
-"""Cloud Spanner change streams → whole, ordered transactions (and, later, Delta Lake)."""
+"""Cloud Spanner change streams → a Delta change-log table, exactly once, whole transactions in
+commit order. Stages, in flow order: model → changestream → rules → delta → service."""

@@ -1,5 +1,5 @@
 import sys
 
-from ingest.cli import main
+from ingest.service.cli import main
 
 sys.exit(main())

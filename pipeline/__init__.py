@@ -1,1 +1,2 @@
-"""The Spark job (transformWithState over the change-log table). Not built yet: see issue 4."""
+"""The Spark job: change-log table → transformWithState (per table and key) → Delta mirrors.
+Stages, in flow order: catalog and types (table shapes) → state → processor → mirror → job."""

@@ -13,10 +13,8 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from ingest.changelog import SCHEMA_ROW
-from ingest.checkpoint import from_json
-from ingest.sink import CHECKPOINT_KEY
-from ingest.timestamps import parse_rfc3339
+from ingest.delta.changelog import CHECKPOINT_KEY, SCHEMA_ROW, from_json
+from ingest.model.timestamps import parse_rfc3339
 from pipeline.types import (
     EVERY_COLUMN_CAPTURES,
     Interval,

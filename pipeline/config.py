@@ -7,11 +7,11 @@ Hadoop file systems understand; the defaults match the ingest service's defaults
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ingest.config import choice, identifier, integer, load_options, non_empty, seconds
+from ingest.model.options import choice, identifier, integer, load_options, non_empty, seconds
 
 CONFIG_FILE_VARIABLE = "PIPELINE_CONFIG_FILE"
 
@@ -58,7 +58,7 @@ def _confirmed_drops(value: Any) -> str:
     return str(value)
 
 
-PARSERS = {
+PARSERS: dict[str, Callable[[Any], Any]] = {
     "changelog_uri": non_empty,
     "mirror_root": non_empty,
     "checkpoint_uri": non_empty,

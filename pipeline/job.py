@@ -13,14 +13,13 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
 from pyspark.sql import types as T
 
 from pipeline.catalog import discover_shapes, version_holding
-from pipeline.checkpoint import CheckpointLock, checkpoint_id, roll_back_uncommitted_batch
 from pipeline.config import PipelineConfig
 from pipeline.mirror import ensure_mirror, mirror_uri, write_batch
 from pipeline.processor import (
@@ -31,7 +30,8 @@ from pipeline.processor import (
     ChangeApplier,
     output_schema,
 )
-from pipeline.state_schema import (
+from pipeline.state.checkpoint import CheckpointLock, checkpoint_id, roll_back_uncommitted_batch
+from pipeline.state.schema import (
     Deployment,
     Evolution,
     Limits,
@@ -109,8 +109,6 @@ class JobStats:
     batches: int = 0
     rows_merged: int = 0
     restarts: int = 0
-    evolutions: int = 0
-    last_batch_seconds: list[float] = field(default_factory=list)
 
 
 def spark_settings(config: PipelineConfig) -> dict[str, str]:
@@ -172,7 +170,6 @@ def start_query(spark: Any, config: PipelineConfig, plan: Plan, stats: JobStats,
         seconds = time.monotonic() - started
         stats.batches += 1
         stats.rows_merged += sum(result.rows.values())
-        stats.last_batch_seconds.append(seconds)
         log.info(
             "pipeline_batch",
             batch_id=batch_id,
@@ -258,7 +255,6 @@ def run_pipeline(
             if reason is None or stats.restarts >= config.max_restarts:
                 raise PipelineFailed(_with_changelog_version(_first_line(error), config)) from error
             stats.restarts += 1
-            stats.evolutions += reason == SOURCE_SCHEMA_CHANGED
             log.warning("pipeline_query_restarting", reason=reason, restarts=stats.restarts)
     return stats
 

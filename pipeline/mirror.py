@@ -4,7 +4,8 @@ Idempotent: each MERGE carries the application transaction (job id and checkpoin
 through Delta's ``txnAppId``/``txnVersion`` session settings, so a batch replayed after a crash is
 skipped by Delta. Narrow: the MERGE condition names the batch's keys as literals, so the files it
 reads are only those that may hold them, and a concurrent compaction of other files does not
-conflict (seed 001). A conflict that does happen left nothing committed; it is retried.
+conflict (docs/design.md, Delta concurrency). A conflict that does happen left nothing committed;
+it is retried.
 """
 
 from __future__ import annotations
@@ -18,10 +19,16 @@ import structlog
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from pipeline.processor import OPERATION
-from pipeline.state_schema import row_variable
+from pipeline.state.schema import row_variable
 from pipeline.types import TableShape
 
 Logger = structlog.typing.FilteringBoundLogger
@@ -49,7 +56,7 @@ def ensure_mirror(spark: SparkSession, uri: str, shape: TableShape, log: Logger)
     values (Spanner converts them too). A column dropped and added again with another type is a new
     generation: Spanner holds NULL in it for every row, and so does the rewritten mirror. Either
     rewrite is a metadata change: concurrent readers of the mirror fail once and must be restarted
-    (seed 001).
+    (docs/design.md, Delta concurrency).
     """
     from delta.tables import DeltaTable
 
@@ -116,6 +123,7 @@ def _narrowing_condition(source: DataFrame, shape: TableShape) -> SparkColumn:
     if len(values) <= LITERAL_KEYS_LIMIT and None not in values:
         return target.isin(values)
     bounds = source.agg(F.min(_quoted(first)), F.max(_quoted(first))).first()
+    assert bounds is not None, "an aggregate has one row"
     return target.isNull() | target.between(bounds[0], bounds[1])
 
 
@@ -140,7 +148,9 @@ def merge_into_mirror(
     )
     condition = matches & _narrowing_condition(source, shape)
     upsert = F.col(f"s.{OPERATION}") == "UPSERT"
-    values = {_quoted(f.name): F.col(f"s.{_quoted(f.name)}") for f in shape.struct().fields}
+    values: dict[str, str | SparkColumn] = {
+        _quoted(f.name): F.col(f"s.{_quoted(f.name)}") for f in shape.struct().fields
+    }
     spark.conf.set("spark.databricks.delta.write.txnAppId", app_id)
     spark.conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
     try:
@@ -194,12 +204,7 @@ def write_batch(
                 retry=retry_if_exception(_is_retryable_conflict),
                 stop=stop_after_attempt(5),
                 wait=wait_exponential_jitter(multiplier=0.2, max=5),
-                before_sleep=lambda state, table=table: log.warning(
-                    "mirror_merge_retry",
-                    table=table,
-                    batch_id=batch_id,
-                    cause=str(state.outcome.exception())[:200] if state.outcome else None,
-                ),
+                before_sleep=functools.partial(_log_retry, log, table, batch_id),
                 reraise=True,
             ):
                 with attempt:
@@ -216,5 +221,8 @@ def write_batch(
         changes.unpersist()
 
 
-def read_mirror(spark: SparkSession, mirror_root: str, table: str) -> DataFrame:
-    return spark.read.format("delta").load(mirror_uri(mirror_root, table))
+def _log_retry(
+    log: structlog.typing.FilteringBoundLogger, table: str, batch_id: int, state: RetryCallState
+) -> None:
+    cause = str(state.outcome.exception())[:200] if state.outcome else None
+    log.warning("mirror_merge_retry", table=table, batch_id=batch_id, cause=cause)

@@ -20,8 +20,8 @@ from pyspark.sql import Row
 from pyspark.sql import types as T
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
-from ingest.records import ColumnType, sequence_key
-from pipeline.state_schema import (
+from ingest.model.records import ColumnType, sequence_key
+from pipeline.state.schema import (
     CHANGE_STATS,
     LAST_APPLIED,
     TOMBSTONE,
@@ -91,7 +91,8 @@ def output_schema(shapes: Mapping[str, TableShape]) -> T.StructType:
 
 
 def position(row: Any) -> tuple[str, str, tuple[int, str], int]:
-    """The change log's total order (design.md contract 1), comparable across rows and state."""
+    """The change log's total order (docs/design.md, contract 1), comparable across rows and
+    state."""
     return (
         row["commit_timestamp_text"],
         row["server_transaction_id"],
@@ -126,7 +127,7 @@ class ChangeApplier(StatefulProcessor):
         self.change_stats = handle.getValueState("change_stats", CHANGE_STATS)
         self.tombstone = handle.getValueState("tombstone", TOMBSTONE, self.tombstone_ttl_ms)
         self.columns_cache: dict[str, list[ColumnType]] = {}
-        self.covered: dict[tuple[str, str], bool] = {}
+        self.covered: dict[tuple[str, str, bool, bool], bool] = {}
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
         table, keys_json = key
@@ -140,7 +141,7 @@ class ChangeApplier(StatefulProcessor):
         struct = self.structs[table]
         image = _read(image_state, struct)
         last, tombstoned = self._last_position()
-        stats = _read(self.change_stats, CHANGE_STATS)
+        stats = _read(self.change_stats, CHANGE_STATS) or dict.fromkeys(CHANGE_STATS.fieldNames())
         applied = None
         for row in sorted(rows, key=position):
             if last is not None and position(row) <= last:
@@ -280,7 +281,7 @@ class ChangeApplier(StatefulProcessor):
         """Fields added by this deployment must read back as written.
 
         Guards the open-source bug where, after a failed first batch following an evolution,
-        added fields are stored as None for a whole run (shared/notes/spark.md).
+        added fields are stored as None for a whole run (docs/design.md, facts).
         """
         added = self.added_fields.get(row_variable(table))
         if not added:
@@ -315,8 +316,8 @@ def _read(state: Any, schema: T.StructType) -> dict[str, Any] | None:
     return None if value is None else dict(zip(schema.fieldNames(), value, strict=True))
 
 
-def _count(stats: dict[str, Any] | None, row: Row) -> dict[str, Any]:
-    stats = dict(stats or dict.fromkeys(CHANGE_STATS.fieldNames()))
+def _count(stats: dict[str, Any], row: Row) -> dict[str, Any]:
+    stats = dict(stats)
     field = {"INSERT": "inserts", "UPDATE": "updates", "DELETE": "deletes"}[row["mod_type"]]
     stats[field] = (stats[field] or 0) + 1
     when = row["commit_timestamp"]

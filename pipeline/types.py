@@ -1,4 +1,4 @@
-"""Spanner column types as Spark types (design.md contract 3), and mod values as Spark values.
+"""Spanner column types as Spark types (docs/design.md, contract 3), and mod values as Spark values.
 
 A table's shape is learned from the change log's ``column_types``: the union of every column seen,
 each with the type of its newest appearance, in ordinal order. That shape drives the state schema
@@ -17,11 +17,11 @@ from typing import Any
 
 from pyspark.sql import types as T
 
-from ingest.changelog import SCHEMA_ROW
-from ingest.encoding import canonical_json
-from ingest.records import ColumnType
-from ingest.timestamps import parse_rfc3339
-from ingest.values import decode_value
+from ingest.delta.changelog import SCHEMA_ROW
+from ingest.model.encoding import canonical_json
+from ingest.model.records import ColumnType
+from ingest.model.timestamps import parse_rfc3339
+from ingest.model.values import decode_value
 
 NUMERIC = T.DecimalType(38, 9)
 _NUMERIC_CONTEXT = Context(prec=38)
@@ -228,7 +228,7 @@ def lists_every_column(value_capture_type: str | None, mod_type: str | None) -> 
 
 
 def parse_column_types(column_types_json: str) -> list[ColumnType]:
-    """The change log's ``column_types`` text (written by ingest.changelog) as record types."""
+    """The change log's ``column_types`` text (ingest.delta.changelog) as record types."""
     return [
         ColumnType(
             name=c["name"],
@@ -454,16 +454,3 @@ def _scalar(spanner_type: dict[str, Any], value: Any, raw: bool) -> Any:
 def numeric(value: Any) -> Decimal:
     """A NUMERIC as Spark's DECIMAL(38, 9); needs 38 digits, past the default context's 28."""
     return _NUMERIC_CONTEXT.quantize(Decimal(str(value)), _NUMERIC_SCALE)
-
-
-def to_json_value(value: Any) -> Any:
-    """A Spark value as JSON for the processor's output (bytes as base64, like Spanner)."""
-    if isinstance(value, bytes | bytearray):
-        return base64.b64encode(bytes(value)).decode()
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, dt.datetime | dt.date):
-        return value.isoformat()
-    if isinstance(value, list):
-        return [to_json_value(v) for v in value]
-    return value

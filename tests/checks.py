@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from emulator.workload import CommittedTransaction
-from ingest.timestamps import NANOS_PER_SECOND, parse_rfc3339, to_rfc3339
-from ingest.values import decode_row
+from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339, to_rfc3339
+from ingest.model.values import decode_row
 
 TIMESTAMP_COLUMNS = {"updated_at", "created_at", "col_timestamp"}
 

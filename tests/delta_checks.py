@@ -12,10 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from emulator.workload import CommittedTransaction
-from ingest.changelog import SCHEMA_ROW
-from ingest.checkpoint import Checkpoint, from_json
-from ingest.sink import CHECKPOINT_KEY
-from ingest.timestamps import parse_rfc3339, to_rfc3339
+from ingest.delta.changelog import CHECKPOINT_KEY, SCHEMA_ROW, Checkpoint, from_json
+from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from pipeline.catalog import scan
 
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from ingest.logs import null_logger
+from ingest.model.logs import null_logger
 from pipeline import job
 from pipeline.config import PipelineConfig
 from pipeline.job import run_pipeline, spark_settings
-from pipeline.mirror import read_mirror
+from pipeline.mirror import mirror_uri
 from pipeline.session import build_session
-from tests.changelog_builder import ChangeLog
+from tests.builders import ChangeLog
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def run(spark, config: PipelineConfig) -> job.JobStats:
 def mirror_rows(
     spark, config: PipelineConfig, table: str = "accounts", key: str = "account_id"
 ) -> dict[int, dict]:
-    rows = read_mirror(spark, config.mirror_root, table).collect()
+    rows = spark.read.format("delta").load(mirror_uri(config.mirror_root, table)).collect()
     return {row[key]: row.asDict() for row in rows}
 
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from emulator.processes import Process
+from emulator.verify import landed_transactions
 from emulator.workload import CommittedTransaction, Workload, WorkloadConfig
-from ingest.timestamps import to_rfc3339
-from pipeline.verify import landed_transactions
+from ingest.model.timestamps import Nanos, to_rfc3339
 
 BANKING = dict(transfer_weight=1.0, all_types_weight=0.0, cleanup_weight=0.0)
 
@@ -86,3 +87,24 @@ def background_workload(
     thread = threading.Thread(target=lambda: result.extend(workload.run(stop)))
     thread.start()
     return thread, stop, result
+
+
+def tail_argv(
+    database: str, stream: str, start: Nanos, end: Nanos | None = None, *extra: str
+) -> list[str]:
+    """The command line that runs ``tail`` in a new process of this interpreter."""
+    argv = [
+        sys.executable,
+        "-m",
+        "ingest",
+        "tail",
+        "--database",
+        database,
+        "--stream",
+        stream,
+        "--start-timestamp",
+        to_rfc3339(start),
+    ]
+    if end is not None:
+        argv += ["--end-timestamp", to_rfc3339(end)]
+    return [*argv, *extra]

@@ -22,10 +22,10 @@ from google.cloud.spanner_v1.testing import spanner_pb2_grpc
 from google.cloud.spanner_v1.testing.mock_spanner import SpannerServicer
 from google.protobuf import json_format, struct_pb2
 
-from ingest.encoding import canonical_json
-from ingest.partitions import INITIAL_PARTITION
-from ingest.records import ChangeRecord, ChildPartitionsRecord, HeartbeatRecord
-from ingest.timestamps import Nanos, parse_rfc3339, to_rfc3339
+from ingest.model.encoding import canonical_json
+from ingest.model.records import ChangeRecord, ChildPartitionsRecord, HeartbeatRecord
+from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
+from ingest.rules.partitions import INITIAL_PARTITION
 from tests.simulation import records_from
 
 

@@ -12,8 +12,7 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ingest.partitions import INITIAL_PARTITION
-from ingest.records import (
+from ingest.model.records import (
     ChangeRecord,
     ChildPartition,
     ChildPartitionsRecord,
@@ -23,7 +22,8 @@ from ingest.records import (
     Mod,
     Transaction,
 )
-from ingest.timestamps import Nanos
+from ingest.model.timestamps import Nanos
+from ingest.rules.partitions import INITIAL_PARTITION
 
 T0: Nanos = 1_000_000
 

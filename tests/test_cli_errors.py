@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ingest.timestamps import NANOS_PER_SECOND, to_rfc3339
+from ingest.model.timestamps import NANOS_PER_SECOND, to_rfc3339
 
 
 def tail(*args: str) -> subprocess.CompletedProcess[str]:

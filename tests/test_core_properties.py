@@ -13,10 +13,10 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.assembler import TransactionAssembler
-from ingest.partitions import INITIAL_PARTITION, PartitionTracker
-from ingest.reader import ResumePoint
-from ingest.records import ChangeRecord, DataChangeRecord, Transaction
+from ingest.model.records import ChangeRecord, DataChangeRecord, Transaction
+from ingest.rules.assembler import TransactionAssembler
+from ingest.rules.partitions import INITIAL_PARTITION, PartitionTracker
+from ingest.rules.resume import ResumePoint
 from tests.simulation import Topology, build_topology, records_from
 
 
@@ -40,7 +40,7 @@ def deliver_next(
 
 def drive(topology: Topology, data: st.DataObject, with_failures: bool) -> dict:
     streams = topology.records_by_partition()
-    tracker = PartitionTracker(topology.start, topology.end, 1000)
+    tracker = PartitionTracker(topology.start, topology.end)
     assembler = TransactionAssembler(topology.start - 1)
     tracker.add_initial()
     remaining: dict[str, list[ChangeRecord]] = {}
@@ -133,7 +133,7 @@ def drive_with_crashes(topology: Topology, data: st.DataObject) -> list[Transact
     end = topology.end
 
     def fresh(resume: ResumePoint | None) -> tuple[PartitionTracker, TransactionAssembler]:
-        tracker = PartitionTracker(topology.start, end, 1000)
+        tracker = PartitionTracker(topology.start, end)
         if resume is None:
             tracker.add_initial()
             return tracker, TransactionAssembler(topology.start - 1)

@@ -9,43 +9,21 @@ import pytest
 from google.api_core.datetime_helpers import DatetimeWithNanoseconds
 from google.cloud.spanner_v1.data_types import JsonObject
 
-from ingest import timestamps
-from ingest.assembler import (
+from ingest.changestream.mapper import UnknownRecordError, plain_json, records_from_change_record
+from ingest.model import timestamps
+from ingest.model.records import (
+    ChildPartition,
+    ChildPartitionsRecord,
+    HeartbeatRecord,
+)
+from ingest.model.values import decode_value
+from ingest.rules.assembler import (
     IncompleteTransactionError,
     InconsistentTransactionError,
     TransactionAssembler,
 )
-from ingest.mapper import UnknownRecordError, plain_json, records_from_change_record
-from ingest.partitions import PartitionLifecycleError, PartitionTracker
-from ingest.records import (
-    ChildPartition,
-    ChildPartitionsRecord,
-    ColumnType,
-    DataChangeRecord,
-    HeartbeatRecord,
-    Mod,
-)
-from ingest.values import decode_value
-
-
-def record(ts: int, txid: str, seq: int, count: int, **overrides: object) -> DataChangeRecord:
-    fields = dict(
-        commit_timestamp=ts,
-        record_sequence=f"{seq:08d}",
-        server_transaction_id=txid,
-        is_last_record_in_transaction_in_partition=False,
-        table_name="t",
-        column_types=(ColumnType("k", {"code": "INT64"}, True, 1),),
-        mods=(Mod({"k": str(seq)}, {"v": "x" * 100}, {}),),
-        mod_type="INSERT",
-        value_capture_type="NEW_ROW_AND_OLD_VALUES",
-        number_of_records_in_transaction=count,
-        number_of_partitions_in_transaction=1,
-        transaction_tag="",
-        is_system_transaction=False,
-    )
-    fields.update(overrides)
-    return DataChangeRecord(**fields)  # type: ignore[arg-type]
+from ingest.rules.partitions import PartitionLifecycleError, PartitionTracker
+from tests.builders import record
 
 
 class TestTimestamps:
@@ -163,7 +141,7 @@ class TestAssembler:
 
 class TestTracker:
     def test_merge_child_waits_for_every_parent_and_is_created_once(self) -> None:
-        tracker = PartitionTracker(start_timestamp=100, end_timestamp=None, heartbeat_millis=1000)
+        tracker = PartitionTracker(start_timestamp=100, end_timestamp=None)
         tracker.add_initial()
         [initial] = tracker.take_ready(10)
         tracker.mark_running(initial.token, 100)
@@ -184,7 +162,7 @@ class TestTracker:
         assert [p.token for p in tracker.take_ready(10)] == ["c"]
 
     def test_unstarted_children_hold_the_low_watermark(self) -> None:
-        tracker = PartitionTracker(start_timestamp=100, end_timestamp=None, heartbeat_millis=1000)
+        tracker = PartitionTracker(start_timestamp=100, end_timestamp=None)
         tracker.add_initial()
         tracker.take_ready(1)
         tracker.mark_running("", 100)
@@ -193,7 +171,7 @@ class TestTracker:
         assert tracker.low_watermark() == 99
 
     def test_unbounded_stream_without_children_cannot_finish(self) -> None:
-        tracker = PartitionTracker(start_timestamp=100, end_timestamp=None, heartbeat_millis=1000)
+        tracker = PartitionTracker(start_timestamp=100, end_timestamp=None)
         tracker.add_initial()
         tracker.take_ready(1)
         tracker.mark_running("", 100)

@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from ingest.config import ENVIRONMENT as INGEST_ENVIRONMENT
-from ingest.config import ServiceConfig
+from ingest.service.config import ENVIRONMENT as INGEST_ENVIRONMENT
+from ingest.service.config import ServiceConfig
 from pipeline.config import ENVIRONMENT as PIPELINE_ENVIRONMENT
 from pipeline.session import JARS_VARIABLE
 
@@ -25,7 +25,7 @@ KNOWN_VARIABLES = {
     "PYTHONUNBUFFERED",
     "PATH",
 }
-SERVICE_SOURCE = (ROOT / "ingest" / "service.py").read_text()
+SERVICE_SOURCE = (ROOT / "ingest" / "service" / "run.py").read_text()
 HEALTH_PORT = ServiceConfig().health_port
 
 

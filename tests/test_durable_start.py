@@ -19,8 +19,8 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from ingest.changelog import SCHEMA_ROW
-from ingest.timestamps import parse_rfc3339, to_rfc3339
+from ingest.delta.changelog import SCHEMA_ROW
+from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from tests.delta_checks import assert_change_log_invariants
 from tests.processes import Service, background_workload, wait_until_landed
 

@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 
 from emulator.workload import Workload, WorkloadConfig
-from ingest.cli import tail_argv
-from ingest.query import ChangeStreamQuery, Dialect
-from ingest.records import DataChangeRecord
-from ingest.timestamps import parse_rfc3339, to_rfc3339
+from ingest.changestream.query import ChangeStreamQuery, Dialect
+from ingest.model.records import DataChangeRecord
+from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from tests.checks import (
     TIMESTAMP_COLUMNS,
     assert_matches_committed,
@@ -25,6 +24,7 @@ from tests.checks import (
     read_json_lines,
     start_after_setup,
 )
+from tests.processes import tail_argv
 
 
 def tail_while_committing(

@@ -24,10 +24,10 @@ from tenacity import (
 )
 
 from emulator.bootstrap import seed_accounts
-from ingest.timestamps import to_rfc3339
+from emulator.verify import changelog_watermark, compare_mirrors, mirror_rows
+from ingest.model.timestamps import to_rfc3339
 from pipeline.catalog import discover_shapes
 from pipeline.mirror import mirror_uri
-from pipeline.verify import changelog_watermark, compare_mirrors, mirror_rows
 from tests.checks import start_after_setup
 from tests.processes import Pipeline, Service, background_workload, wait_until_landed
 

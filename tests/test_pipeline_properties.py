@@ -28,9 +28,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.records import ColumnType
+from ingest.model.records import ColumnType
 from pipeline.types import state_type
-from tests.changelog_builder import ChangeLog
+from tests.builders import ChangeLog
 from tests.pipeline_runs import processed_three_ways
 
 KEY = ColumnType("id", {"code": "INT64"}, True, 1)

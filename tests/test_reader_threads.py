@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import json
 import random
 import threading
 import time
@@ -12,18 +10,19 @@ from collections.abc import Iterator
 import pytest
 from google.api_core import exceptions as api_exceptions
 
-from ingest.logs import make_logger
-from ingest.partitions import INITIAL_PARTITION
-from ingest.reader import (
+from ingest.changestream.reader import (
     EVENT_QUEUE_SIZE,
     ChangeStreamReader,
     PartitionQueryFailed,
     ReaderConfig,
     Release,
 )
-from ingest.records import ChangeRecord, HeartbeatRecord, Transaction
-from ingest.retries import RetryPolicy
-from ingest.timestamps import Nanos
+from ingest.changestream.retries import RetryPolicy
+from ingest.model.logs import null_logger
+from ingest.model.records import ChangeRecord, HeartbeatRecord, Transaction
+from ingest.model.timestamps import Nanos
+from ingest.rules.partitions import INITIAL_PARTITION
+from tests.builders import captured_logger
 from tests.simulation import Topology, build_topology, records_from
 
 FAST_RETRY = RetryPolicy(initial_backoff_seconds=0.001, max_backoff_seconds=0.01, max_failures=50)
@@ -54,11 +53,11 @@ class FlakySource:
 def run_reader(
     source: object, topology_start: Nanos, end: Nanos, **config: object
 ) -> tuple[list[Transaction], list[dict], list[Nanos]]:
-    logs = io.StringIO()
+    log, events = captured_logger()
     reader = ChangeStreamReader(
         source,  # type: ignore[arg-type]
         ReaderConfig(start_timestamp=topology_start, end_timestamp=end, retry=FAST_RETRY, **config),  # type: ignore[arg-type]
-        make_logger(logs),
+        log,
         sleep=lambda _: None,
     )
     released: list[Transaction] = []
@@ -72,7 +71,6 @@ def run_reader(
     worker.start()
     worker.join(timeout=60)
     assert not worker.is_alive(), "reader did not finish"
-    events = [json.loads(line) for line in logs.getvalue().splitlines()]
     return released, events, watermarks
 
 
@@ -112,8 +110,8 @@ class SkewedSource:
         self.reader: ChangeStreamReader | None = None
 
     def read(self, token: str | None, start: Nanos, end: Nanos | None) -> Iterator[ChangeRecord]:
-        from ingest.records import ChildPartition, ChildPartitionsRecord
-        from tests.test_core_units import record
+        from ingest.model.records import ChildPartition, ChildPartitionsRecord
+        from tests.builders import record
 
         if token is None:
             yield ChildPartitionsRecord(
@@ -143,7 +141,7 @@ def test_backpressure_bounds_the_buffer(budget: int | None) -> None:
         retry=FAST_RETRY,
         memory_budget_bytes=budget or 1 << 40,
     )
-    reader = ChangeStreamReader(source, config, make_logger(io.StringIO()))
+    reader = ChangeStreamReader(source, config, null_logger())
     source.reader = reader
     released: list[Transaction] = []
     reader.run(lambda r: released.extend(r.transactions), threading.Event())
@@ -163,7 +161,7 @@ def test_permanent_error_stops_the_reader_with_the_cause() -> None:
             yield  # pragma: no cover
 
     reader = ChangeStreamReader(
-        Broken(), ReaderConfig(start_timestamp=1, end_timestamp=10), make_logger(io.StringIO())
+        Broken(), ReaderConfig(start_timestamp=1, end_timestamp=10), null_logger()
     )
     with pytest.raises(PartitionQueryFailed, match="no access to the change stream"):
         reader.run(lambda _: None, threading.Event())
@@ -174,7 +172,7 @@ def test_stop_event_ends_an_unbounded_read() -> None:
         def read(
             self, token: str | None, start: Nanos, end: Nanos | None
         ) -> Iterator[ChangeRecord]:
-            from ingest.records import ChildPartition, ChildPartitionsRecord
+            from ingest.model.records import ChildPartition, ChildPartitionsRecord
 
             if token is None:
                 yield ChildPartitionsRecord(start, "0", (ChildPartition("p", ()),))
@@ -186,9 +184,7 @@ def test_stop_event_ends_an_unbounded_read() -> None:
                 yield HeartbeatRecord(ts)
 
     stop = threading.Event()
-    reader = ChangeStreamReader(
-        Endless(), ReaderConfig(start_timestamp=1000), make_logger(io.StringIO())
-    )
+    reader = ChangeStreamReader(Endless(), ReaderConfig(start_timestamp=1000), null_logger())
     releases: list[Release] = []
     worker = threading.Thread(target=reader.run, args=(releases.append, stop))
     worker.start()

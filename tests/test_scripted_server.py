@@ -3,7 +3,6 @@ transactions spread over several partitions, and streams cut mid-way."""
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import threading
@@ -15,17 +14,16 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import spanner
 
-from ingest.logs import make_logger
-from ingest.partitions import INITIAL_PARTITION
-from ingest.query import ChangeStreamQuery, Dialect
-from ingest.reader import ChangeStreamReader, ReaderConfig
-from ingest.records import ChildPartition, ChildPartitionsRecord, ColumnType, Mod, Transaction
-from ingest.retries import RetryPolicy
-from ingest.timestamps import parse_rfc3339
-from ingest.values import decode_value
+from ingest.changestream.query import ChangeStreamQuery, Dialect
+from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.changestream.retries import RetryPolicy
+from ingest.model.records import ChildPartition, ChildPartitionsRecord, ColumnType, Mod, Transaction
+from ingest.model.timestamps import parse_rfc3339
+from ingest.model.values import decode_value
+from ingest.rules.partitions import INITIAL_PARTITION
+from tests.builders import captured_logger, record
 from tests.scripted_spanner import Fault, Script, ScriptedChangeStreamServicer, start_server
 from tests.simulation import build_topology
-from tests.test_core_units import record
 
 FAST_RETRY = RetryPolicy(initial_backoff_seconds=0.01, max_backoff_seconds=0.05)
 
@@ -53,11 +51,11 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator:
 
 
 def read_all(source: ChangeStreamQuery, start: int, end: int) -> tuple[list[Transaction], list]:
-    logs = io.StringIO()
+    log, events = captured_logger()
     reader = ChangeStreamReader(
         source,
         ReaderConfig(start_timestamp=start, end_timestamp=end, retry=FAST_RETRY),
-        make_logger(logs),
+        log,
     )
     released: list[Transaction] = []
     failures: list[BaseException] = []
@@ -74,7 +72,7 @@ def read_all(source: ChangeStreamQuery, start: int, end: int) -> tuple[list[Tran
     assert not worker.is_alive()
     if failures:
         raise failures[0]
-    return released, [json.loads(line) for line in logs.getvalue().splitlines()]
+    return released, list(events)
 
 
 @pytest.mark.parametrize("seed", range(3))

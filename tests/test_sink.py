@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from ingest.partitions import PartitionCheckpoint, PartitionsCheckpoint
-from ingest.reader import ResumePoint
-from ingest.records import Mod, Transaction
-from ingest.sink import DeltaChangeLogSink, Maintenance, WriterFenced
-from ingest.timestamps import parse_rfc3339
+from ingest.delta.sink import DeltaChangeLogSink, Maintenance, WriterFenced
+from ingest.model.records import Mod, Transaction
+from ingest.model.timestamps import parse_rfc3339
+from ingest.rules.partitions import PartitionCheckpoint, PartitionsCheckpoint
+from ingest.rules.resume import ResumePoint
+from tests.builders import record
 from tests.delta_checks import read_versions
 from tests.simulation import build_topology
-from tests.test_core_units import record
 
 COMMIT = parse_rfc3339("2026-11-22T10:00:00.123456789Z")
 
@@ -135,7 +135,7 @@ def test_a_new_job_records_its_start_before_reading_and_every_commit_carries_it(
 def test_a_configured_start_that_disagrees_with_the_recorded_one_is_detected(
     tmp_path: Path,
 ) -> None:
-    from ingest.service import start_moved
+    from ingest.service.run import start_moved
 
     sink = DeltaChangeLogSink(str(tmp_path / "t"), "job", "owner")
     sink.continue_after(None)

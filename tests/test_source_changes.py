@@ -28,11 +28,11 @@ from google.cloud.spanner_v1.data_types import JsonObject
 from google.cloud.spanner_v1.database import Database
 
 from emulator.bootstrap import bootstrap
-from ingest.timestamps import from_datetime, to_rfc3339
+from emulator.verify import changelog_watermark, compare_mirrors
+from ingest.model.timestamps import from_datetime, to_rfc3339
 from pipeline.catalog import discover_shapes, scan
 from pipeline.config import PipelineConfig
 from pipeline.mirror import mirror_uri
-from pipeline.verify import changelog_watermark, compare_mirrors
 from tests.pipeline_runs import configure, run
 from tests.processes import Service
 

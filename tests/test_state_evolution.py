@@ -12,7 +12,7 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from pipeline.session import build_session
-from pipeline.state_schema import Deployment, check_evolution
+from pipeline.state.schema import Deployment, check_evolution
 
 
 def struct(**fields: T.DataType) -> T.StructType:

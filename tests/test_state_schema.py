@@ -19,8 +19,9 @@ from google.api_core.datetime_helpers import DatetimeWithNanoseconds
 from google.cloud.spanner_v1.data_types import JsonObject
 from pyspark.sql import types as T
 
-from ingest.records import ColumnType
-from pipeline.state_schema import (
+from emulator.verify import canonical
+from ingest.model.records import ColumnType
+from pipeline.state.schema import (
     Deployment,
     Limits,
     SchemaRegistry,
@@ -30,8 +31,7 @@ from pipeline.state_schema import (
     state_schemas,
 )
 from pipeline.types import Interval, merge_shapes, spark_value
-from pipeline.verify import canonical
-from tests.changelog_builder import ChangeLog
+from tests.builders import ChangeLog
 
 
 def struct(**fields: T.DataType) -> T.StructType:
@@ -309,7 +309,7 @@ def test_bad_pipeline_options_get_one_error_line(args: list[str], message: str) 
 
 def test_a_lock_file_cut_short_blocks_only_until_it_is_stale(tmp_path: Path) -> None:
     """A writer killed mid-heartbeat used to leave an empty lock file that no start could pass."""
-    from pipeline.checkpoint import LOCK_FILE, CheckpointInUse, CheckpointLock
+    from pipeline.state.checkpoint import LOCK_FILE, CheckpointInUse, CheckpointLock
 
     lock_file = tmp_path / LOCK_FILE
     lock_file.write_text("")

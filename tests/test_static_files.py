@@ -14,7 +14,7 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 
 def test_readme_configuration_reference_matches_the_code() -> None:
-    from ingest.config import reference
+    from ingest.service.config import reference
     from pipeline.config import reference as pipeline_reference
 
     readme = (ROOT / "README.md").read_text()

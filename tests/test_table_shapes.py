@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql import types as T
 
-from ingest.encoding import canonical_json
-from ingest.records import ColumnType
-from ingest.timestamps import to_rfc3339
+from ingest.model.encoding import canonical_json
+from ingest.model.records import ColumnType
+from ingest.model.timestamps import to_rfc3339
 from pipeline.catalog import discover_shapes
 from pipeline.types import Interval, Label, Source, TableShape, merge_shapes, state_type
-from tests.changelog_builder import ChangeLog
+from tests.builders import ChangeLog
 
 ID = {"name": "id", "type": {"code": "INT64"}, "is_primary_key": True, "ordinal_position": 1}
 KINDS = {"STRING": {"code": "STRING"}, "INT64": {"code": "INT64"}, "FLOAT32": {"code": "FLOAT32"}}

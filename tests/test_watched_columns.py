@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 import structlog
 
-from ingest.cli import tail_argv
-from ingest.partitions import PartitionsCheckpoint
-from ingest.query import Dialect
-from ingest.reader import ResumePoint
-from ingest.records import ColumnType
-from ingest.service import STALE_READ_LIMIT_NANOS, Batcher
-from ingest.timestamps import NANOS_PER_SECOND, parse_rfc3339
-from ingest.watched_columns import WatchedColumns, column_type, read_watched_columns
+from ingest.changestream.query import Dialect
+from ingest.changestream.watched_columns import column_type, read_watched_columns
+from ingest.delta.batcher import STALE_READ_LIMIT_NANOS, Batcher
+from ingest.model.records import ColumnType, WatchedColumns
+from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339
+from ingest.rules.partitions import PartitionsCheckpoint
+from ingest.rules.resume import ResumePoint
 from tests.checks import start_after_setup
+from tests.processes import tail_argv
 
 GOOGLESQL = Dialect.GOOGLE_STANDARD_SQL
 POSTGRESQL = Dialect.POSTGRESQL

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from ingest.logs import null_logger
-from ingest.records import DataChangeRecord, Transaction, sequence_key
-from ingest.timestamps import Nanos, to_rfc3339
+from ingest.model.logs import null_logger
+from ingest.model.records import DataChangeRecord, Transaction, sequence_key
+from ingest.model.timestamps import Nanos, to_rfc3339
 
 _RECORD_OVERHEAD_BYTES = 512
 
@@ -51,7 +51,6 @@ class _PendingTransaction:
 
 @dataclass(slots=True)
 class AssemblerStats:
-    records_accepted: int = 0
     duplicates_dropped: int = 0
     transactions_released: int = 0
 
@@ -105,7 +104,6 @@ class TransactionAssembler:
         pending.records[record.record_sequence] = record
         pending.size_bytes += size
         self._buffered_bytes += size
-        self.stats.records_accepted += 1
         if len(pending.records) == pending.expected_records:
             del self._pending[record.server_transaction_id]
             self._complete_ids.add(record.server_transaction_id)

@@ -9,7 +9,7 @@ import structlog
 
 
 def make_logger(stream: TextIO, level: str = "info") -> structlog.typing.FilteringBoundLogger:
-    return structlog.wrap_logger(
+    logger: structlog.typing.FilteringBoundLogger = structlog.wrap_logger(
         structlog.PrintLogger(file=stream),
         processors=[
             structlog.processors.add_log_level,
@@ -22,11 +22,13 @@ def make_logger(stream: TextIO, level: str = "info") -> structlog.typing.Filteri
         ),
         cache_logger_on_first_use=True,
     )
+    return logger
 
 
 def null_logger() -> structlog.typing.FilteringBoundLogger:
     """Drops every event: the default for components built without a logger (tests, tools)."""
-    return structlog.wrap_logger(
+    logger: structlog.typing.FilteringBoundLogger = structlog.wrap_logger(
         structlog.ReturnLogger(),
         wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
     )
+    return logger

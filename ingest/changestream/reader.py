@@ -17,16 +17,16 @@ from typing import Protocol
 import structlog
 from tenacity import Retrying, retry_if_exception, wait_exponential_jitter
 
-from ingest.assembler import TransactionAssembler
-from ingest.partitions import (
+from ingest.changestream.retries import RetryPolicy, StreamEndedEarly, is_transient
+from ingest.model.records import ChangeRecord, ChildPartitionsRecord, DataChangeRecord
+from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
+from ingest.rules.assembler import TransactionAssembler
+from ingest.rules.partitions import (
     INITIAL_PARTITION,
-    PartitionsCheckpoint,
     PartitionTracker,
     watermark_after,
 )
-from ingest.records import ChangeRecord, ChildPartitionsRecord, DataChangeRecord, Transaction
-from ingest.retries import RetryPolicy, StreamEndedEarly, is_transient
-from ingest.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
+from ingest.rules.resume import Release, ResumePoint
 
 Logger = structlog.typing.FilteringBoundLogger
 EVENT_QUEUE_SIZE = 512
@@ -50,24 +50,6 @@ class ReaderConfig:
     memory_budget_bytes: int = 256 * 1024 * 1024
     stats_interval_seconds: float = 10.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-
-
-@dataclass(frozen=True, slots=True)
-class ResumePoint:
-    """Where a previous run stopped: everything at or below low_watermark has landed."""
-
-    low_watermark: Nanos
-    partitions: PartitionsCheckpoint
-
-
-@dataclass(frozen=True, slots=True)
-class Release:
-    """Whole transactions with commit timestamp in (previous low watermark, low_watermark],
-    and the resume point once they have landed."""
-
-    transactions: list[Transaction]
-    low_watermark: Nanos
-    resume_point: ResumePoint
 
 
 class PartitionQueryFailed(RuntimeError):
@@ -156,9 +138,7 @@ class ChangeStreamReader:
         self._events: queue.Queue[_Event] = queue.Queue(maxsize=EVENT_QUEUE_SIZE)
         self._gate = BackpressureGate()
         self._workers_stop = threading.Event()
-        self.tracker = PartitionTracker(
-            config.start_timestamp, config.end_timestamp, config.heartbeat_millis, log
-        )
+        self.tracker = PartitionTracker(config.start_timestamp, config.end_timestamp, log)
         released = config.start_timestamp - 1
         if resume_from is not None:
             self.tracker.restore(resume_from.partitions, resume_from.low_watermark)

@@ -15,9 +15,9 @@ from typing import Any
 from google.cloud.spanner_v1 import param_types
 from google.cloud.spanner_v1.database import Database
 
-from ingest import mapper
-from ingest.records import ChangeRecord
-from ingest.timestamps import NANOS_PER_SECOND, Nanos, to_datetime, to_rfc3339
+from ingest.changestream import mapper
+from ingest.model.records import ChangeRecord
+from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_datetime, to_rfc3339
 
 MIN_HEARTBEAT_MILLIS = 100
 MAX_HEARTBEAT_MILLIS = 300_000

@@ -1,17 +1,26 @@
-"""The change-log table's rows (design.md contract 1), as an Arrow table: one row per mod, and one
-schema row per table whose watched columns changed (``mod_type`` SCHEMA, no transaction id)."""
+"""The change-log contract (docs/design.md, contract 1), shared by the sink and the pipeline: the
+table's rows, as an Arrow table (one row per mod, and one schema row per table whose watched
+columns changed: ``mod_type`` SCHEMA, no transaction id), and the checkpoint each commit carries
+under ``CHECKPOINT_KEY``."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
-from ingest.encoding import canonical_json
-from ingest.records import ColumnType, Transaction
-from ingest.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
+from ingest.model.encoding import canonical_json
+from ingest.model.records import ColumnType, Transaction
+from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339, to_rfc3339
+from ingest.rules.partitions import PartitionCheckpoint, PartitionsCheckpoint
+from ingest.rules.resume import ResumePoint
 
+CHECKPOINT_KEY = "spanner_cdc_checkpoint"
+"""Key of the checkpoint in each commit's commit info."""
 UTC_MICROS = pa.timestamp("us", tz="UTC")
 
 SCHEMA = pa.schema(
@@ -37,7 +46,6 @@ SCHEMA = pa.schema(
     ]
 )
 PARTITION_COLUMNS = ["commit_date"]
-ORDER_COLUMNS = ["commit_timestamp_text", "server_transaction_id", "record_sequence", "mod_index"]
 SCHEMA_ROW = "SCHEMA"
 """``mod_type`` of a schema row: the table's watched columns at its ``commit_timestamp`` (the
 time they were read, at the commit's low watermark). Its ``server_transaction_id`` and ``keys``
@@ -68,7 +76,7 @@ def to_arrow(
     watched_at: Nanos = 0,
 ) -> pa.Table:
     """Rows of whole transactions, then schema rows of ``watched`` read at ``watched_at``."""
-    columns: dict[str, list] = {name: [] for name in SCHEMA.names}
+    columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
     for transaction in transactions:
         micros = transaction.commit_timestamp // 1000
         text = to_rfc3339(transaction.commit_timestamp)
@@ -120,3 +128,73 @@ def to_arrow(
         for name, value in row.items():
             columns[name].append(value)
     return pa.Table.from_pydict(columns, schema=SCHEMA)
+
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    job_id: str
+    version: int
+    """The application transaction version of the commit that carries this checkpoint."""
+    owner: str
+    """The process that wrote it (a fresh id per process start): the writer lease."""
+    committed_at: Nanos
+    resume_point: ResumePoint
+    job_start: Nanos | None = None
+    """Where the job's stream started, fixed by its first commit and carried by every later one.
+    None in checkpoints written before the start was recorded."""
+
+
+def to_json(checkpoint: Checkpoint) -> str:
+    point = checkpoint.resume_point
+    return json.dumps(
+        {
+            "format": FORMAT_VERSION,
+            "job_id": checkpoint.job_id,
+            "version": checkpoint.version,
+            "owner": checkpoint.owner,
+            "committed_at": to_rfc3339(checkpoint.committed_at),
+            "low_watermark": to_rfc3339(point.low_watermark),
+            "partitions": [
+                {
+                    "token": p.token,
+                    "start_timestamp": to_rfc3339(p.start_timestamp),
+                    "parent_tokens": list(p.parent_tokens),
+                }
+                for p in point.partitions.partitions
+            ],
+            "finished_parents": list(point.partitions.finished_parents),
+            **(
+                {"job_start": to_rfc3339(checkpoint.job_start)}
+                if checkpoint.job_start is not None
+                else {}
+            ),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+def from_json(text: str) -> Checkpoint:
+    data = json.loads(text)
+    if data.get("format") != FORMAT_VERSION:
+        raise ValueError(f"unsupported checkpoint format {data.get('format')!r}")
+    partitions = PartitionsCheckpoint(
+        tuple(
+            PartitionCheckpoint(
+                p["token"], parse_rfc3339(p["start_timestamp"]), tuple(p["parent_tokens"])
+            )
+            for p in data["partitions"]
+        ),
+        tuple(data["finished_parents"]),
+    )
+    return Checkpoint(
+        job_id=data["job_id"],
+        version=data["version"],
+        owner=data["owner"],
+        committed_at=parse_rfc3339(data["committed_at"]),
+        resume_point=ResumePoint(parse_rfc3339(data["low_watermark"]), partitions),
+        job_start=parse_rfc3339(data["job_start"]) if "job_start" in data else None,
+    )

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ingest.records import DataChangeRecord, Transaction
-from ingest.timestamps import to_rfc3339
+from ingest.model.records import DataChangeRecord, Transaction
+from ingest.model.timestamps import to_rfc3339
 
 
 def canonical_json(value: Any) -> str:

@@ -63,7 +63,7 @@ def to_datetime(value: Nanos) -> DatetimeWithNanoseconds:
     """A datetime the Spanner client binds as a TIMESTAMP parameter with full nanoseconds."""
     seconds, nanos = divmod(value, NANOS_PER_SECOND)
     base = _EPOCH + dt.timedelta(seconds=seconds)
-    return DatetimeWithNanoseconds(
+    return DatetimeWithNanoseconds(  # type: ignore[no-untyped-call]
         base.year,
         base.month,
         base.day,

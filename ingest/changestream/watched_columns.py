@@ -3,7 +3,7 @@
 A data change record of a NEW_VALUES or OLD_AND_NEW_VALUES stream lists only the keys and the
 changed columns, and a table that is not written again sends none at all, so records alone cannot
 show that a column was dropped (or is no longer watched). The sink lands what this reads as schema
-rows of the change log (``ingest.changelog``) whenever it changes.
+rows of the change log (``ingest.delta.changelog``) whenever it changes.
 """
 
 from __future__ import annotations
@@ -13,12 +13,9 @@ from typing import Any
 
 from google.cloud.spanner_v1.database import Database
 
-from ingest.query import Dialect, validate_stream_name
-from ingest.records import ColumnType
-from ingest.timestamps import Nanos, to_datetime
-
-WatchedColumns = dict[str, tuple[ColumnType, ...]]
-"""Table name → its watched columns (keys included, as records list them), in ordinal order."""
+from ingest.changestream.query import Dialect, validate_stream_name
+from ingest.model.records import ColumnType, WatchedColumns
+from ingest.model.timestamps import Nanos, to_datetime
 
 _GOOGLESQL_ARRAY = re.compile(r"^ARRAY<(.*)>$")
 _GOOGLESQL_NAMED = re.compile(r"^(PROTO|ENUM)<(.*)>$")
@@ -81,6 +78,7 @@ def read_watched_columns(
             "SELECT table_schema, table_name, column_name FROM information_schema.index_columns "
             "WHERE index_type = 'PRIMARY_KEY'"
         )
+        tables: dict[tuple[str, str], set[str] | None]
         if _yes(streams[0]["all"]):
             tables = {
                 (r["table_schema"], r["table_name"]): None

@@ -1,7 +1,7 @@
 """The change stream's record types, as plain values.
 
 Field names follow the Spanner change stream record format. Timestamps are integer nanoseconds
-(see ``ingest.timestamps``); JSON fields (keys, values, column types) are plain Python values
+(see ``ingest.model.timestamps``); JSON fields (keys, values, column types) are plain Python values
 exactly as Spanner sent them.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ingest.timestamps import Nanos
+from ingest.model.timestamps import Nanos
 
 JsonValue = Any
 
@@ -88,3 +88,7 @@ class Transaction:
     @property
     def mod_count(self) -> int:
         return sum(len(record.mods) for record in self.records)
+
+
+WatchedColumns = dict[str, tuple[ColumnType, ...]]
+"""Table name → its watched columns (keys included, as records list them), in ordinal order."""

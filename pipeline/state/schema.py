@@ -1,5 +1,5 @@
 """State schemas: what each deployment runs with, recorded next to the checkpoint, and the rules
-a new deployment's schemas must follow against the recorded ones (design.md, seeds 002 and 004).
+a new deployment's schemas must follow against the recorded ones (docs/design.md, evolution rules).
 
 Spark checks some of these rules itself, but only once the query runs, and a rename passes its
 check while silently dropping the old values. Checking here, before Spark starts, turns every

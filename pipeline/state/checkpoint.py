@@ -1,10 +1,11 @@
 """The streaming checkpoint's surroundings: who may run against it, and undoing a failed batch's
 state schema files before a restart.
 
-Only one job version may run against a checkpoint (seed 004: two schema versions writing the same
-state revert each other's new fields). A lock file with a heartbeat says who runs; a second job
-fails fast. On a local path the file is created atomically (O_EXCL); on an object store the check
-is read-then-write, so deployments must also keep one replica (deploy/ uses a single replica).
+Only one job version may run against a checkpoint (docs/design.md: two schema versions writing
+the same state revert each other's new fields). A lock file with a heartbeat says who runs; a
+second job fails fast. On a local path the file is created atomically (O_EXCL); on an object
+store the check is read-then-write, so deployments must also keep one replica (deploy/ uses a
+single replica).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from pyarrow import fs as pafs
 
-from pipeline.state_schema import filesystem_for
+from pipeline.state.schema import filesystem_for
 
 LOCK_FILE = "_job_lock.json"
 
@@ -145,7 +146,7 @@ def roll_back_uncommitted_batch(checkpoint_uri: str) -> list[str]:
 
     Spark writes them when a batch plans; if that batch fails (the first one after a state schema
     evolution, say) and the query restarts, Spark reuses them and stores the evolved variable's
-    new fields as None for the whole run (open-source bug, shared/notes/spark.md). Without them
+    new fields as None for the whole run (open-source bug, docs/design.md). Without them
     the restart plans the batch afresh. Returns the deleted paths.
     """
     filesystem, root = filesystem_for(checkpoint_uri)

@@ -20,15 +20,16 @@ from typing import NoReturn, TextIO
 from google.api_core import exceptions as api_exceptions
 from google.cloud import spanner
 
-from ingest import config as config_module
-from ingest import query
-from ingest.assembler import IncompleteTransactionError, InconsistentTransactionError
-from ingest.encoding import canonical_json, transaction_to_dict
-from ingest.logs import make_logger
-from ingest.reader import ChangeStreamReader, PartitionQueryFailed, ReaderConfig, Release
-from ingest.service import run_service
-from ingest.sink import WriterFenced
-from ingest.timestamps import Nanos, parse_rfc3339, to_rfc3339
+from ingest.changestream import query
+from ingest.changestream.reader import ChangeStreamReader, PartitionQueryFailed, ReaderConfig
+from ingest.delta.sink import WriterFenced
+from ingest.model.encoding import canonical_json, transaction_to_dict
+from ingest.model.logs import make_logger
+from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
+from ingest.rules.assembler import IncompleteTransactionError, InconsistentTransactionError
+from ingest.rules.resume import Release
+from ingest.service import config as config_module
+from ingest.service.run import run_service
 
 EXIT_RUNTIME_ERROR = 1
 EXIT_BAD_INPUT = 2
@@ -60,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--project", default=env("SPANNER_PROJECT", "local-project"))
     tail.add_argument("--instance", default=env("SPANNER_INSTANCE", "local-instance"))
     tail.add_argument("--database", default=env("SPANNER_DATABASE", "bank"))
-    tail.add_argument("--stream", default=env("SPANNER_CHANGE_STREAM", "AllChanges"))
+    tail.add_argument("--stream", default=env("SPANNER_CHANGE_STREAM", "all_changes"))
     tail.add_argument(
         "--dialect", choices=["auto", *(d.value for d in query.Dialect)], default="auto"
     )
@@ -87,27 +88,6 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"TOML file (or {config_module.CONFIG_FILE_VARIABLE}); environment overrides it",
     )
     return parser
-
-
-def tail_argv(
-    database: str, stream: str, start: Nanos, end: Nanos | None = None, *extra: str
-) -> list[str]:
-    """The command line that runs ``tail`` in a new process of this interpreter."""
-    argv = [
-        sys.executable,
-        "-m",
-        "ingest",
-        "tail",
-        "--database",
-        database,
-        "--stream",
-        stream,
-        "--start-timestamp",
-        to_rfc3339(start),
-    ]
-    if end is not None:
-        argv += ["--end-timestamp", to_rfc3339(end)]
-    return [*argv, *extra]
 
 
 @dataclass(frozen=True)

@@ -17,21 +17,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import pyarrow as pa
 import structlog
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from ingest import changelog
-from ingest.checkpoint import Checkpoint, from_json, to_json
-from ingest.logs import null_logger
-from ingest.partitions import PartitionsCheckpoint
-from ingest.reader import ResumePoint
-from ingest.records import ColumnType
-from ingest.records import Transaction as SpannerTransaction
-from ingest.timestamps import Nanos
+from ingest.delta import changelog
+from ingest.delta.changelog import CHECKPOINT_KEY, Checkpoint, from_json, to_json
+from ingest.model.logs import null_logger
+from ingest.model.records import ColumnType
+from ingest.model.records import Transaction as SpannerTransaction
+from ingest.model.timestamps import Nanos
+from ingest.rules.resume import ResumePoint, start_point
 
-CHECKPOINT_KEY = "spanner_cdc_checkpoint"
 TABLE_CONFIGURATION = {"delta.appendOnly": "true"}
 
 
@@ -54,11 +53,6 @@ class Maintenance:
     """Delta log checkpoint every N table versions, so readers never replay a long JSON log."""
     compact_every: int = 500
     """Compaction of small files every N table versions (dataChange=false: streams skip it)."""
-
-
-def start_point(start: Nanos) -> ResumePoint:
-    """Where a new job starting at ``start`` resumes: just below it, no partition known yet."""
-    return ResumePoint(start - 1, PartitionsCheckpoint((), ()))
 
 
 class DeltaChangeLogSink:
@@ -167,7 +161,7 @@ class DeltaChangeLogSink:
             self._maintain(table)
         return CommitResult(version, delta_version, rows.num_rows, len(transactions), replayed)
 
-    def _write_once(self, version: int, rows: object, checkpoint: Checkpoint) -> bool:
+    def _write_once(self, version: int, rows: pa.Table, checkpoint: Checkpoint) -> bool:
         """Write version n once; True when it had landed already (a retried commit)."""
         table = self.table()
         landed = table.transaction_version(self._job_id) if table is not None else None

@@ -1,6 +1,6 @@
 """Change stream partitions: lifecycle, parent/child lineage, watermarks.
 
-Pure bookkeeping with no I/O, so every rule of design.md contract 2 is testable on a simulated
+Pure bookkeeping with no I/O, so every rule of docs/design.md contract 2 is testable on a simulated
 topology. The reader feeds it records per partition token and asks which partitions to start.
 """
 
@@ -11,9 +11,14 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from ingest.logs import null_logger
-from ingest.records import ChangeRecord, ChildPartitionsRecord, DataChangeRecord, HeartbeatRecord
-from ingest.timestamps import Nanos, to_rfc3339
+from ingest.model.logs import null_logger
+from ingest.model.records import (
+    ChangeRecord,
+    ChildPartitionsRecord,
+    DataChangeRecord,
+    HeartbeatRecord,
+)
+from ingest.model.timestamps import Nanos, to_rfc3339
 
 INITIAL_PARTITION = ""
 """Token under which the initial query (``partition_token => NULL``) is tracked."""
@@ -56,7 +61,6 @@ class Partition:
     token: str
     start_timestamp: Nanos
     end_timestamp: Nanos | None
-    heartbeat_millis: int
     parent_tokens: frozenset[str]
     state: PartitionState = PartitionState.CREATED
     watermark: Nanos = 0
@@ -90,12 +94,10 @@ class PartitionTracker:
         self,
         start_timestamp: Nanos,
         end_timestamp: Nanos | None,
-        heartbeat_millis: int,
         log: structlog.typing.FilteringBoundLogger | None = None,
     ) -> None:
         self._start_timestamp = start_timestamp
         self._end_timestamp = end_timestamp
-        self._heartbeat_millis = heartbeat_millis
         self._log = log or null_logger()
         self._partitions: dict[str, Partition] = {}
         self._finished: dict[str, frozenset[str]] = {}
@@ -117,7 +119,6 @@ class PartitionTracker:
                 token=saved.token,
                 start_timestamp=saved.start_timestamp,
                 end_timestamp=self._end_timestamp,
-                heartbeat_millis=self._heartbeat_millis,
                 parent_tokens=frozenset(saved.parent_tokens),
                 watermark=max(saved.start_timestamp - 1, low_watermark),
             )
@@ -134,7 +135,6 @@ class PartitionTracker:
             token=token,
             start_timestamp=start,
             end_timestamp=self._end_timestamp,
-            heartbeat_millis=self._heartbeat_millis,
             parent_tokens=parents,
             watermark=start - 1,
         )

@@ -14,7 +14,7 @@ import struct
 from decimal import Decimal
 from typing import Any
 
-from ingest.timestamps import parse_rfc3339
+from ingest.model.timestamps import parse_rfc3339
 
 _NOT_TEXT = {"INT64", "FLOAT64", "FLOAT32", "BOOL", "NUMERIC", "DATE", "TIMESTAMP", "BYTES", "JSON"}
 
@@ -49,7 +49,8 @@ def decode_value(spanner_type: dict[str, Any], value: Any) -> Any:
 
 def float32(value: float) -> float:
     """FLOAT32 arrives as its shortest decimal text; the value is the nearest float32."""
-    return struct.unpack("f", struct.pack("f", value))[0]
+    nearest: float = struct.unpack("f", struct.pack("f", value))[0]
+    return nearest
 
 
 def _decode_element(element_type: dict[str, Any], item: Any) -> Any:

@@ -2,7 +2,7 @@
 
 The product's end-to-end promise, checked: once the pipeline has processed the change log up to
 version v, each mirror equals the Spanner table read at exactly W(v), the low watermark that
-version's commit records (design.md, consistent cut). Used by the end-to-end test and by ``make
+version's commit records (docs/design.md, consistent cut). Used by the end-to-end test and by ``make
 run``; it reads Delta with deltalake and Spanner with a stale read, no Spark.
 """
 
@@ -21,10 +21,9 @@ from deltalake.exceptions import TableNotFoundError
 from google.cloud.spanner_v1.database import Database
 from google.protobuf import timestamp_pb2
 
-from ingest.checkpoint import from_json
-from ingest.sink import CHECKPOINT_KEY
-from ingest.timestamps import NANOS_PER_SECOND, Nanos
-from ingest.values import float32
+from ingest.delta.changelog import CHECKPOINT_KEY, from_json
+from ingest.model.timestamps import NANOS_PER_SECOND, Nanos
+from ingest.model.values import float32
 from pipeline.catalog import scan
 from pipeline.mirror import mirror_uri
 from pipeline.types import TableShape, numeric

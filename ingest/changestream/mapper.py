@@ -8,14 +8,14 @@ the same dict shape (named fields), then into records by one function.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from google.cloud.spanner_v1 import TypeCode
 from google.cloud.spanner_v1.data_types import JsonObject
 
-from ingest import timestamps
-from ingest.records import (
+from ingest.model import timestamps
+from ingest.model.records import (
     ChangeRecord,
     ChildPartition,
     ChildPartitionsRecord,
@@ -112,14 +112,6 @@ def records_from_change_record(change_record: Mapping[str, Any]) -> list[ChangeR
     if not records:
         raise UnknownRecordError(f"change record with no record set: {dict(change_record)!r:.300}")
     return records
-
-
-def map_rows(
-    rows: Iterable[list[Any]], row_mapper: Callable[[list[Any]], list[dict[str, Any]]]
-) -> Iterable[ChangeRecord]:
-    for row in rows:
-        for change_record in row_mapper(row):
-            yield from records_from_change_record(change_record)
 
 
 def _require(item: Mapping[str, Any], name: str, kind: str) -> Any:

@@ -1,16 +1,22 @@
-"""Change-log tables built without Spanner: typed mods landed through the real ingest sink."""
+"""Shared test builders: data change records, and change-log tables built without Spanner (typed
+mods landed through the real ingest sink)."""
 
 from __future__ import annotations
 
 import itertools
+import logging
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.partitions import PartitionsCheckpoint
-from ingest.reader import ResumePoint
-from ingest.records import ColumnType, DataChangeRecord, Mod, Transaction
-from ingest.sink import DeltaChangeLogSink
-from ingest.timestamps import parse_rfc3339
+import structlog
+from structlog.testing import LogCapture
+
+from ingest.delta.sink import DeltaChangeLogSink
+from ingest.model.records import ColumnType, DataChangeRecord, Mod, Transaction
+from ingest.model.timestamps import parse_rfc3339
+from ingest.rules.partitions import PartitionsCheckpoint
+from ingest.rules.resume import ResumePoint
 
 START = parse_rfc3339("2026-11-22T10:00:00.000000001Z")
 ACCOUNTS = (
@@ -78,3 +84,36 @@ class ChangeLog:
         self.landed.append(self.pending)
         self.pending = []
         return result.version
+
+
+def record(ts: int, txid: str, seq: int, count: int, **overrides: object) -> DataChangeRecord:
+    fields = dict(
+        commit_timestamp=ts,
+        record_sequence=f"{seq:08d}",
+        server_transaction_id=txid,
+        is_last_record_in_transaction_in_partition=False,
+        table_name="t",
+        column_types=(ColumnType("k", {"code": "INT64"}, True, 1),),
+        mods=(Mod({"k": str(seq)}, {"v": "x" * 100}, {}),),
+        mod_type="INSERT",
+        value_capture_type="NEW_ROW_AND_OLD_VALUES",
+        number_of_records_in_transaction=count,
+        number_of_partitions_in_transaction=1,
+        transaction_tag="",
+        is_system_transaction=False,
+    )
+    fields.update(overrides)
+    return DataChangeRecord(**fields)  # type: ignore[arg-type]
+
+
+def captured_logger() -> tuple[
+    structlog.typing.FilteringBoundLogger, list[MutableMapping[str, Any]]
+]:
+    """A logger whose events are kept as dicts (structlog's ``LogCapture``), for assertions."""
+    capture = LogCapture()
+    logger = structlog.wrap_logger(
+        structlog.ReturnLogger(),
+        processors=[structlog.processors.add_log_level, capture],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+    )
+    return logger, capture.entries

@@ -1,0 +1,128 @@
+"""The flush policy between the reader and the sink: when released transactions, checkpoints and
+schema rows are committed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from ingest.delta.sink import DeltaChangeLogSink
+from ingest.model.records import Transaction, WatchedColumns
+from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
+from ingest.rules.resume import Release, ResumePoint
+
+Logger = structlog.typing.FilteringBoundLogger
+
+STALE_READ_LIMIT_NANOS = 55 * 60 * NANOS_PER_SECOND
+"""Spanner keeps old versions one hour by default: older watermarks are not read for schema."""
+
+
+@dataclass
+class Batcher:
+    """Flush policy: commit released transactions within ``flush_latency`` or ``max_rows``;
+    with nothing to land, still commit the checkpoint every ``checkpoint_interval`` so a restart
+    never re-reads more than that much of the stream (and the writer lease stays fresh).
+
+    Every ``watched_interval`` the watched columns are read at the released low watermark; tables
+    whose columns differ from what this process landed last get schema rows, committed at once.
+    """
+
+    sink: DeltaChangeLogSink
+    flush_latency_s: float
+    max_rows: int
+    checkpoint_interval_s: float
+    retention_nanos: Nanos
+    log: Logger
+    monotonic: Callable[[], float] = time.monotonic
+    wall_clock: Callable[[], Nanos] = time.time_ns
+    watched_columns: Callable[[Nanos], WatchedColumns] | None = None
+    watched_interval_s: float = 10.0
+    watched_landed: WatchedColumns = field(default_factory=dict)
+    watched_read_at: float | None = None
+    pending: list[Transaction] = field(default_factory=list)
+    pending_rows: int = 0
+    pending_since: float | None = None
+    resume_point: ResumePoint | None = None
+    committed_watermark: Nanos | None = None
+    last_commit_at: float = 0.0
+    commits: int = 0
+
+    def on_release(self, release: Release) -> None:
+        self.resume_point = release.resume_point
+        if release.transactions:
+            if self.pending_since is None:
+                self.pending_since = self.monotonic()
+            self.pending.extend(release.transactions)
+            self.pending_rows += sum(t.mod_count for t in release.transactions)
+        if self.pending_rows >= self.max_rows:
+            self.flush()
+
+    def on_tick(self) -> None:
+        now = self.monotonic()
+        batch_due = (
+            self.pending_since is not None and now - self.pending_since >= self.flush_latency_s
+        )
+        checkpoint_due = now - self.last_commit_at >= self.checkpoint_interval_s
+        watched = self._watched_changes(now)
+        if batch_due or checkpoint_due or watched:
+            self.flush(watched)
+
+    def _watched_changes(self, now: float) -> WatchedColumns:
+        """Tables whose watched columns at the released watermark differ from those landed."""
+        due = self.watched_read_at is None or now - self.watched_read_at >= self.watched_interval_s
+        point = self.resume_point
+        if self.watched_columns is None or point is None or not due:
+            return {}
+        self.watched_read_at = now
+        if self.wall_clock() - point.low_watermark > STALE_READ_LIMIT_NANOS:
+            return {}
+        try:
+            watched = self.watched_columns(point.low_watermark)
+        except Exception as error:  # any failure: read again next interval
+            self.log.warning("watched_columns_unread", cause=_first_line(error))
+            return {}
+        return {t: c for t, c in watched.items() if self.watched_landed.get(t) != c}
+
+    def flush(self, watched: WatchedColumns | None = None) -> None:
+        point = self.resume_point
+        if point is None or (
+            not self.pending and not watched and point.low_watermark == self.committed_watermark
+        ):
+            return
+        result = self.sink.commit(self.pending, point, watched)
+        self.watched_landed.update(watched or {})
+        lag_nanos = self.wall_clock() - point.low_watermark
+        self.log.info(
+            "delta_commit",
+            version=result.version,
+            delta_version=result.delta_version,
+            transactions=result.transactions,
+            rows=result.rows,
+            schema_rows=sorted(watched or {}),
+            low_watermark=to_rfc3339(point.low_watermark),
+            watermark_lag_seconds=round(lag_nanos / NANOS_PER_SECOND, 3),
+            replayed=result.replayed,
+        )
+        if lag_nanos > self.retention_nanos // 2:
+            self.log.warning(
+                "watermark_lag_near_retention",
+                watermark_lag_seconds=round(lag_nanos / NANOS_PER_SECOND, 3),
+                retention_seconds=self.retention_nanos // NANOS_PER_SECOND,
+            )
+        self.pending, self.pending_rows, self.pending_since = [], 0, None
+        self.landed(point.low_watermark)
+
+    def landed(self, low_watermark: Nanos) -> None:
+        """A commit up to ``low_watermark`` landed: the next checkpoint-only commit is due one
+        interval from now."""
+        self.committed_watermark = low_watermark
+        self.last_commit_at = self.monotonic()
+        self.commits += 1
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]

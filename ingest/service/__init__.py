@@ -1,0 +1,2 @@
+"""The composition root: configuration, the long-running service (lease, health, signals) and
+the command line."""
