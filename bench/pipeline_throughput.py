@@ -48,7 +48,7 @@ from pipeline.job import JobStats, plan_deployment, read_changes, spark_settings
 from pipeline.mirror import ensure_mirror, mirror_uri, write_batch
 from pipeline.processor import OPERATION, ChangeApplier, output_schema
 from pipeline.session import build_session
-from pipeline.state.schema import row_variable
+from pipeline.state.variables import row_variable
 
 COLUMNS = (
     ColumnType("account_id", {"code": "INT64"}, True, 1),

@@ -20,7 +20,7 @@ from ingest.model.options import ConfigError
 from pipeline import config as config_module
 from pipeline.job import PipelineFailed
 from pipeline.state.checkpoint import CheckpointInUse
-from pipeline.state.schema import StateSchemaError
+from pipeline.state.compatibility import StateSchemaError
 
 EXIT_RUNTIME_ERROR = 1
 EXIT_BAD_INPUT = 2
@@ -69,7 +69,7 @@ def load_config(arguments: argparse.Namespace) -> config_module.PipelineConfig:
 def check_state_schema(config: config_module.PipelineConfig) -> int:
     from pipeline.catalog import discover_shapes
     from pipeline.job import checked_state_schemas
-    from pipeline.state.schema import SchemaRegistry
+    from pipeline.state.registry import SchemaRegistry
 
     _, evolution = checked_state_schemas(
         config, discover_shapes(config.changelog_uri), SchemaRegistry(config.checkpoint_uri)

@@ -31,15 +31,9 @@ from pipeline.processor import (
     output_schema,
 )
 from pipeline.state.checkpoint import CheckpointLock, checkpoint_id, roll_back_uncommitted_batch
-from pipeline.state.schema import (
-    Deployment,
-    Evolution,
-    Limits,
-    SchemaRegistry,
-    check_evolution,
-    fields_added,
-    state_schemas,
-)
+from pipeline.state.compatibility import Evolution, Limits, check_evolution, fields_added
+from pipeline.state.registry import Deployment, SchemaRegistry
+from pipeline.state.variables import state_schemas
 from pipeline.types import TableShape
 
 Logger = structlog.typing.FilteringBoundLogger

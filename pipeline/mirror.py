@@ -28,7 +28,7 @@ from tenacity import (
 )
 
 from pipeline.processor import OPERATION
-from pipeline.state.schema import row_variable
+from pipeline.state.variables import row_variable
 from pipeline.types import TableShape
 
 Logger = structlog.typing.FilteringBoundLogger

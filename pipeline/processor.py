@@ -21,12 +21,7 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from ingest.model.records import ColumnType, sequence_key
-from pipeline.state.schema import (
-    CHANGE_STATS,
-    LAST_APPLIED,
-    TOMBSTONE,
-    row_variable,
-)
+from pipeline.state.variables import CHANGE_STATS, LAST_APPLIED, TOMBSTONE, row_variable
 from pipeline.types import (
     TableShape,
     lists_every_column,

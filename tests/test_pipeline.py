@@ -19,7 +19,7 @@ from pipeline import catalog as pipeline_catalog
 from pipeline import job
 from pipeline.job import PipelineFailed, run_pipeline
 from pipeline.state.checkpoint import CheckpointInUse, CheckpointLock
-from pipeline.state.schema import SchemaRegistry
+from pipeline.state.registry import SchemaRegistry
 from tests.builders import ACCOUNTS, ChangeLog
 from tests.pipeline_runs import configure, mirror_rows, processed_three_ways, run
 

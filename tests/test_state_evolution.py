@@ -12,7 +12,8 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from pipeline.session import build_session
-from pipeline.state.schema import Deployment, check_evolution
+from pipeline.state.compatibility import check_evolution
+from pipeline.state.registry import Deployment
 
 
 def struct(**fields: T.DataType) -> T.StructType:

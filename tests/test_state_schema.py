@@ -21,15 +21,10 @@ from pyspark.sql import types as T
 
 from emulator.verify import canonical
 from ingest.model.records import ColumnType
-from pipeline.state.schema import (
-    Deployment,
-    Limits,
-    SchemaRegistry,
-    StateSchemaError,
-    avro_schema,
-    check_evolution,
-    state_schemas,
-)
+from pipeline.state.avro import avro_schema
+from pipeline.state.compatibility import Limits, StateSchemaError, check_evolution
+from pipeline.state.registry import Deployment, SchemaRegistry
+from pipeline.state.variables import state_schemas
 from pipeline.types import Interval, merge_shapes, spark_value
 from tests.builders import ChangeLog
 

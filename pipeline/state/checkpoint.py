@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pyarrow import fs as pafs
 
-from pipeline.state.schema import filesystem_for
+from pipeline.state.registry import filesystem_for
 
 LOCK_FILE = "_job_lock.json"
 
