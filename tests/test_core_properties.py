@@ -1,4 +1,5 @@
-"""Partitions + assembler over simulated topologies: output equals the serial commit order.
+"""The coordinator step (partitions + assembler) over simulated topologies: output equals the
+serial commit order.
 
 Hypothesis picks the topology (splits, moves, merges, multi-partition transactions, heartbeats),
 the interleaving of partitions, and where queries fail and restart from their resume timestamp.
@@ -13,36 +14,30 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.model.records import ChangeRecord, DataChangeRecord, Transaction
-from ingest.rules.assembler import TransactionAssembler
-from ingest.rules.partitions import INITIAL_PARTITION, PartitionTracker
+from ingest.model.records import ChangeRecord, Transaction
+from ingest.rules.coordinator import Coordinator
+from ingest.rules.partitions import INITIAL_PARTITION
 from ingest.rules.resume import ResumePoint
 from tests.simulation import Topology, build_topology, records_from
 
 
 def deliver_next(
-    tracker: PartitionTracker,
-    assembler: TransactionAssembler,
-    remaining: dict[str, list[ChangeRecord]],
-    token: str,
+    coordinator: Coordinator, remaining: dict[str, list[ChangeRecord]], token: str
 ) -> bool:
-    """What the reader's coordinator does with a partition's next event; True when it ended."""
+    """Feed the coordinator step a partition's next event, as the reader does; True when the
+    partition's stream ended."""
     if remaining[token]:
-        record = remaining[token].pop(0)
-        tracker.on_record(token, record)
-        if isinstance(record, DataChangeRecord):
-            assembler.add(record)
+        coordinator.record_read(token, remaining[token].pop(0))
         return False
     del remaining[token]
-    tracker.on_stream_end(token)
+    coordinator.stream_ended(token)
     return True
 
 
 def drive(topology: Topology, data: st.DataObject, with_failures: bool) -> dict:
     streams = topology.records_by_partition()
-    tracker = PartitionTracker(topology.start, topology.end)
-    assembler = TransactionAssembler(topology.start - 1)
-    tracker.add_initial()
+    coordinator = Coordinator(topology.start, topology.end)
+    tracker = coordinator.tracker
     remaining: dict[str, list[ChangeRecord]] = {}
     finished: set[str] = set()
     first_queries: Counter[str] = Counter()
@@ -52,7 +47,7 @@ def drive(topology: Topology, data: st.DataObject, with_failures: bool) -> dict:
 
     def query(token: str) -> None:
         partition = next(p for p in tracker.unfinished() if p.token == token)
-        tracker.mark_running(token, partition.resume_timestamp)
+        coordinator.query_started(token, partition.resume_timestamp)
         remaining[token] = records_from(streams[token], partition.resume_timestamp)
 
     while True:
@@ -67,20 +62,23 @@ def drive(topology: Topology, data: st.DataObject, with_failures: bool) -> dict:
         action = data.draw(st.sampled_from(choices))
         if action == "restart":
             query(token)
-        elif deliver_next(tracker, assembler, remaining, token):
+        elif deliver_next(coordinator, remaining, token):
             finished.add(token)
         raw = tracker.low_watermark()
         if raw is not None:
             raw_watermarks.append(raw)
-        low_watermark = topology.end if raw is None else raw
+        low_watermark = coordinator.low_watermark()
+        assert low_watermark is not None
         watermarks.append(low_watermark)
-        released.extend(assembler.release(low_watermark))
+        release = coordinator.release()
+        if release is not None:
+            released.extend(release.transactions)
     return {
         "released": released,
         "watermarks": watermarks,
         "raw_watermarks": raw_watermarks,
         "first_queries": first_queries,
-        "assembler": assembler,
+        "assembler": coordinator.assembler,
         "tracker": tracker,
     }
 
@@ -130,24 +128,14 @@ def drive_with_crashes(topology: Topology, data: st.DataObject) -> list[Transact
     """Like ``drive``, but at random moments all state is lost and restored from the resume
     point of the last release (what the Delta sink stores in each commit)."""
     streams = topology.records_by_partition()
-    end = topology.end
-
-    def fresh(resume: ResumePoint | None) -> tuple[PartitionTracker, TransactionAssembler]:
-        tracker = PartitionTracker(topology.start, end)
-        if resume is None:
-            tracker.add_initial()
-            return tracker, TransactionAssembler(topology.start - 1)
-        tracker.restore(resume.partitions, resume.low_watermark)
-        return tracker, TransactionAssembler(resume.low_watermark)
-
-    tracker, assembler = fresh(None)
+    coordinator = Coordinator(topology.start, topology.end)
     landed: list[Transaction] = []
     resume: ResumePoint | None = None
     remaining: dict[str, list[ChangeRecord]] = {}
     crashes = 0
     while True:
-        for partition in tracker.take_ready(10**6):
-            tracker.mark_running(partition.token, partition.resume_timestamp)
+        for partition in coordinator.tracker.take_ready(10**6):
+            coordinator.query_started(partition.token, partition.resume_timestamp)
             remaining[partition.token] = records_from(
                 streams[partition.token], partition.resume_timestamp
             )
@@ -155,16 +143,15 @@ def drive_with_crashes(topology: Topology, data: st.DataObject) -> list[Transact
             break
         if crashes < 5 and data.draw(st.integers(0, 30)) == 0:
             crashes += 1
-            tracker, assembler = fresh(resume)
+            coordinator = Coordinator(topology.start, topology.end, resume_from=resume)
             remaining = {}
             continue
         token = data.draw(st.sampled_from(sorted(remaining)))
-        deliver_next(tracker, assembler, remaining, token)
-        raw = tracker.low_watermark()
-        low_watermark = end if raw is None else raw
-        if low_watermark > assembler.released_watermark:
-            landed.extend(assembler.release(low_watermark))
-            resume = ResumePoint(low_watermark, tracker.checkpoint(low_watermark))
+        deliver_next(coordinator, remaining, token)
+        release = coordinator.release()
+        if release is not None:
+            landed.extend(release.transactions)
+            resume = release.resume_point
     return landed
 
 

@@ -18,14 +18,10 @@ import structlog
 from tenacity import Retrying, retry_if_exception, wait_exponential_jitter
 
 from ingest.changestream.retries import RetryPolicy, StreamEndedEarly, is_transient
-from ingest.model.records import ChangeRecord, ChildPartitionsRecord, DataChangeRecord
+from ingest.model.records import ChangeRecord, ChildPartitionsRecord
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
-from ingest.rules.assembler import TransactionAssembler
-from ingest.rules.partitions import (
-    INITIAL_PARTITION,
-    PartitionTracker,
-    watermark_after,
-)
+from ingest.rules.coordinator import Coordinator
+from ingest.rules.partitions import INITIAL_PARTITION, resume_timestamp, watermark_after
 from ingest.rules.resume import Release, ResumePoint
 
 Logger = structlog.typing.FilteringBoundLogger
@@ -138,12 +134,11 @@ class ChangeStreamReader:
         self._events: queue.Queue[_Event] = queue.Queue(maxsize=EVENT_QUEUE_SIZE)
         self._gate = BackpressureGate()
         self._workers_stop = threading.Event()
-        self.tracker = PartitionTracker(config.start_timestamp, config.end_timestamp, log)
-        released = config.start_timestamp - 1
-        if resume_from is not None:
-            self.tracker.restore(resume_from.partitions, resume_from.low_watermark)
-            released = resume_from.low_watermark
-        self.assembler = TransactionAssembler(released, log)
+        self.coordinator = Coordinator(
+            config.start_timestamp, config.end_timestamp, log, resume_from
+        )
+        self.tracker = self.coordinator.tracker
+        self.assembler = self.coordinator.assembler
         self._records_read = 0
         self._slot_warning_logged = False
 
@@ -157,8 +152,6 @@ class ChangeStreamReader:
 
         ``on_tick`` runs on the coordinator every loop (about every 50 ms), for time-based work.
         """
-        if self.tracker.all_finished:
-            self.tracker.add_initial()
         next_stats = time.monotonic() + self._config.stats_interval_seconds
         stats_window = (time.monotonic(), 0)
         try:
@@ -213,15 +206,13 @@ class ChangeStreamReader:
     def _apply(self, event: _Event) -> None:
         if isinstance(event, _RecordRead):
             self._records_read += 1
-            self.tracker.on_record(event.token, event.record)
-            if isinstance(event.record, DataChangeRecord):
-                self.assembler.add(event.record)
-                if self.assembler.buffered_bytes > self._config.memory_budget_bytes:
-                    self._gate.update(True, self.assembler.released_watermark)
+            self.coordinator.record_read(event.token, event.record)
+            if self.assembler.buffered_bytes > self._config.memory_budget_bytes:
+                self._gate.update(True, self.assembler.released_watermark)
         elif isinstance(event, _QueryStarted):
-            self.tracker.mark_running(event.token, event.start)
+            self.coordinator.query_started(event.token, event.start)
         elif isinstance(event, _StreamEnded):
-            self.tracker.on_stream_end(event.token)
+            self.coordinator.stream_ended(event.token)
         else:
             self._log.error(
                 "partition_query_failed",
@@ -233,13 +224,10 @@ class ChangeStreamReader:
             ) from event.error
 
     def _release(self, on_release: Callable[[Release], None]) -> None:
-        low_watermark = self.tracker.low_watermark()
-        if low_watermark is None and self._config.end_timestamp is not None:
-            low_watermark = self._config.end_timestamp
-        if low_watermark is not None and low_watermark > self.assembler.released_watermark:
-            transactions = self.assembler.release(low_watermark)
-            resume_point = ResumePoint(low_watermark, self.tracker.checkpoint(low_watermark))
-            on_release(Release(transactions, low_watermark, resume_point))
+        release = self.coordinator.release()
+        if release is not None:
+            on_release(release)
+        low_watermark = self.coordinator.low_watermark()
         over_budget = self.assembler.buffered_bytes > self._config.memory_budget_bytes
         self._gate.update(over_budget, low_watermark)
 
@@ -278,7 +266,7 @@ class ChangeStreamReader:
                 partition_token=token,
                 attempt=state.attempt_number,
                 cause=repr(state.outcome.exception()) if state.outcome else None,
-                resume_timestamp=to_rfc3339(max(start, progress.watermark + 1)),
+                resume_timestamp=to_rfc3339(resume_timestamp(start, progress.watermark)),
             ),
             sleep=self._sleep,
             reraise=True,
@@ -295,7 +283,7 @@ class ChangeStreamReader:
             self._events.put(_StreamEnded(token))
 
     def _query_once(self, token: str, start: Nanos, progress: _Progress) -> None:
-        query_start = max(start, progress.watermark + 1)
+        query_start = resume_timestamp(start, progress.watermark)
         watermark_before = progress.watermark
         self._events.put(_QueryStarted(token, query_start))
         end = self._config.end_timestamp

@@ -72,8 +72,13 @@ class Partition:
 
     @property
     def resume_timestamp(self) -> Nanos:
-        """Where a new query of this partition starts without missing anything."""
-        return max(self.start_timestamp, self.watermark + 1)
+        return resume_timestamp(self.start_timestamp, self.watermark)
+
+
+def resume_timestamp(start: Nanos, watermark: Nanos) -> Nanos:
+    """Where a new query of a partition starts without missing anything: past its watermark,
+    never before its start."""
+    return max(start, watermark + 1)
 
 
 def watermark_after(record: ChangeRecord) -> Nanos:
