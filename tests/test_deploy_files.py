@@ -25,7 +25,7 @@ KNOWN_VARIABLES = {
     "PYTHONUNBUFFERED",
     "PATH",
 }
-SERVICE_SOURCE = (ROOT / "ingest" / "service" / "run.py").read_text()
+SERVICE_SOURCE = (ROOT / "ingest" / "service" / "health.py").read_text()
 HEALTH_PORT = ServiceConfig().health_port
 
 

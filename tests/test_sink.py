@@ -135,7 +135,7 @@ def test_a_new_job_records_its_start_before_reading_and_every_commit_carries_it(
 def test_a_configured_start_that_disagrees_with_the_recorded_one_is_detected(
     tmp_path: Path,
 ) -> None:
-    from ingest.service.run import start_moved
+    from ingest.delta.lease import start_moved
 
     sink = DeltaChangeLogSink(str(tmp_path / "t"), "job", "owner")
     sink.continue_after(None)

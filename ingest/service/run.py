@@ -10,11 +10,9 @@ SIGTERM/SIGINT: land what is released, commit, exit 0.
 from __future__ import annotations
 
 import functools
-import json
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import structlog
 from google.cloud import spanner
@@ -23,97 +21,14 @@ from ingest.changestream import query
 from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
 from ingest.changestream.watched_columns import read_watched_columns
 from ingest.delta.batcher import Batcher
-from ingest.delta.changelog import Checkpoint
+from ingest.delta.lease import start_moved, wait_for_lease
 from ingest.delta.sink import DeltaChangeLogSink
-from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
+from ingest.model.timestamps import to_rfc3339
 from ingest.rules.resume import start_point
 from ingest.service.config import ServiceConfig
+from ingest.service.health import HealthServer
 
 Logger = structlog.typing.FilteringBoundLogger
-
-
-class HealthServer:
-    """``/healthz``: the reader loop is turning. ``/readyz``: a commit within ``readiness_s``."""
-
-    def __init__(self, port: int, readiness_s: float, batcher: Batcher) -> None:
-        self.last_tick = time.monotonic()
-        self._batcher = batcher
-        self._readiness_s = readiness_s
-        health = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                ok, body = health.check(self.path)
-                self.send_response(200 if ok else 503)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(json.dumps(body).encode())
-
-            def log_message(self, *_: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
-        self.port = self._server.server_address[1]
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def check(self, path: str) -> tuple[bool, dict[str, object]]:
-        now = time.monotonic()
-        if path.startswith("/healthz"):
-            age = now - self.last_tick
-            return age < 30, {"reader_loop_age_s": round(age, 3)}
-        if path.startswith("/readyz"):
-            committed = self._batcher.commits > 0
-            age = now - self._batcher.last_commit_at
-            return committed and age < self._readiness_s, {
-                "commits": self._batcher.commits,
-                "last_commit_age_s": round(age, 3) if committed else None,
-            }
-        return False, {"error": "unknown path"}
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
-def wait_for_lease(
-    sink: DeltaChangeLogSink, owner: str, lease_s: float, log: Logger, stop: threading.Event
-) -> Checkpoint | None:
-    """Stand by while another process committed for this job within the lease period.
-
-    A live writer commits at least every checkpoint interval (at most half the lease), so a
-    lease that has run out means the writer is gone. If it was only slow, its next commit is
-    refused by the Delta fence and it stops.
-    """
-    announced = False
-    while not stop.is_set():
-        checkpoint = sink.latest_checkpoint()
-        if checkpoint is None or checkpoint.owner == owner:
-            return checkpoint
-        age = (time.time_ns() - checkpoint.committed_at) / NANOS_PER_SECOND
-        if age >= lease_s:
-            log.info(
-                "writer_lease_taken_over",
-                previous_owner=checkpoint.owner,
-                last_commit_age_seconds=round(age, 1),
-            )
-            return checkpoint
-        if not announced:
-            log.info(
-                "standby_waiting_for_lease", current_owner=checkpoint.owner, lease_seconds=lease_s
-            )
-            announced = True
-        stop.wait(min(1.0, lease_s - age))
-    return None
-
-
-def start_moved(configured: Nanos | None, checkpoint: Checkpoint) -> bool:
-    """Whether a configured start disagrees with the one the job's first commit recorded.
-
-    A job's start never moves once recorded: the checkpoint wins and the configured value is
-    ignored (logged), as a standby or a restarted replica may carry an edited configuration.
-    """
-    recorded = checkpoint.job_start
-    return configured is not None and recorded is not None and configured != recorded
 
 
 def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> int:
