@@ -59,9 +59,9 @@ def discover_shapes(changelog_uri: str) -> dict[str, TableShape]:
     )
     scanned = scanned.append_column("every_column", pc.fill_null(every, False))
     scanned = scanned.append_column("schema", schema)
-    grouped = scanned.group_by(["table_name", "column_types", "every_column", "schema"]).aggregate(
-        [("commit_timestamp_text", "min"), ("commit_timestamp_text", "max")]
-    )
+    grouped = scanned.group_by(
+        ["table_name", "column_types", "every_column", "schema"], use_threads=False
+    ).aggregate([("commit_timestamp_text", "min"), ("commit_timestamp_text", "max")])
     intervals = [
         Interval(table_name, column_types, first, last, every_column, schema_rows)
         for table_name, column_types, every_column, schema_rows, first, last in zip(
