@@ -41,7 +41,7 @@ from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.logs import null_logger
 from ingest.model.records import ColumnType, DataChangeRecord, Mod, Transaction
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
-from ingest.rules.partitions import PartitionsCheckpoint
+from ingest.rules.partitions import ResumablePartitions
 from ingest.rules.resume import ResumePoint
 from pipeline.config import PipelineConfig
 from pipeline.job import JobStats, plan_deployment, read_changes, spark_settings, start_query
@@ -110,7 +110,7 @@ def land_changelog(uri: str, rows: int, keys: int, versions: int, seed: int = 7)
             )
             transactions.append(Transaction(clock, record.server_transaction_id, (record,)))
             written += len(chosen)
-        sink.commit(transactions, ResumePoint(clock, PartitionsCheckpoint((), ())))
+        sink.commit(transactions, ResumePoint(clock, ResumablePartitions((), ())))
 
 
 class PandasChangeApplier(ChangeApplier):

@@ -113,7 +113,7 @@ def latency(database, heartbeat_ms: int, seconds: float, rate: float) -> dict[st
     )
     reader = ChangeStreamReader(
         source,
-        ReaderConfig(start_timestamp=start, heartbeat_millis=heartbeat_ms),
+        ReaderConfig(start_timestamp=start, heartbeat_ms=heartbeat_ms),
         make_logger(io.StringIO()),
     )
     released_at: list[tuple[int, int, list]] = []

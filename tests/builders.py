@@ -15,7 +15,7 @@ from structlog.testing import LogCapture
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import ColumnType, DataChangeRecord, Mod, Transaction
 from ingest.model.timestamps import parse_rfc3339
-from ingest.rules.partitions import PartitionsCheckpoint
+from ingest.rules.partitions import ResumablePartitions
 from ingest.rules.resume import ResumePoint
 
 START = parse_rfc3339("2026-11-22T10:00:00.000000001Z")
@@ -79,7 +79,7 @@ class ChangeLog:
         if watched:
             self.clock += 1
         result = self.sink.commit(
-            self.pending, ResumePoint(self.clock, PartitionsCheckpoint((), ())), watched
+            self.pending, ResumePoint(self.clock, ResumablePartitions((), ())), watched
         )
         self.landed.append(self.pending)
         self.pending = []

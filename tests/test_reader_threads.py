@@ -25,7 +25,7 @@ from ingest.rules.partitions import INITIAL_PARTITION
 from tests.builders import captured_logger
 from tests.simulation import Topology, build_topology, records_from
 
-FAST_RETRY = RetryPolicy(initial_backoff_seconds=0.001, max_backoff_seconds=0.01, max_failures=50)
+FAST_RETRY = RetryPolicy(initial_backoff_s=0.001, max_backoff_s=0.01, max_failures=50)
 
 
 class FlakySource:

@@ -25,7 +25,7 @@ from tests.builders import captured_logger, record
 from tests.scripted_spanner import Fault, Script, ScriptedChangeStreamServicer, start_server
 from tests.simulation import build_topology
 
-FAST_RETRY = RetryPolicy(initial_backoff_seconds=0.01, max_backoff_seconds=0.05)
+FAST_RETRY = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05)
 
 
 @pytest.fixture

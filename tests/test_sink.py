@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 from ingest.delta.sink import DeltaChangeLogSink, Maintenance, WriterFenced
 from ingest.model.records import Mod, Transaction
 from ingest.model.timestamps import parse_rfc3339
-from ingest.rules.partitions import PartitionCheckpoint, PartitionsCheckpoint
+from ingest.rules.partitions import ResumablePartition, ResumablePartitions
 from ingest.rules.resume import ResumePoint
 from tests.builders import record
 from tests.delta_checks import read_versions
@@ -36,7 +36,7 @@ def transactions(count: int, base: int = COMMIT) -> list[Transaction]:
 def point(watermark: int) -> ResumePoint:
     return ResumePoint(
         watermark,
-        PartitionsCheckpoint((PartitionCheckpoint("p1", COMMIT - 10, ("p0",)),), ("p0",)),
+        ResumablePartitions((ResumablePartition("p1", COMMIT - 10, ("p0",)),), ("p0",)),
     )
 
 
@@ -122,7 +122,7 @@ def test_a_new_job_records_its_start_before_reading_and_every_commit_carries_it(
     assert (started.version, started.rows, started.delta_version) == (1, 0, 0)
     first = sink.latest_checkpoint()
     assert first is not None and first.job_start == COMMIT
-    assert first.resume_point == ResumePoint(COMMIT - 1, PartitionsCheckpoint((), ()))
+    assert first.resume_point == ResumePoint(COMMIT - 1, ResumablePartitions((), ()))
 
     restarted = DeltaChangeLogSink(uri, "job", "owner-b")
     restarted.continue_after(restarted.latest_checkpoint())

@@ -18,7 +18,7 @@ from ingest.changestream.watched_columns import column_type, read_watched_column
 from ingest.delta.batcher import STALE_READ_LIMIT_NANOS, Batcher
 from ingest.model.records import ColumnType, WatchedColumns
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339
-from ingest.rules.partitions import PartitionsCheckpoint
+from ingest.rules.partitions import ResumablePartitions
 from ingest.rules.resume import ResumePoint
 from tests.checks import start_after_setup
 from tests.processes import tail_argv
@@ -95,7 +95,7 @@ def test_schema_rows_land_at_once_for_changed_tables_only() -> None:
     b = batcher(sink, schema, clock)
     b.on_tick()
     assert sink.commits == [], "nothing released yet: no watermark to read at"
-    b.resume_point = ResumePoint(NOW - NANOS_PER_SECOND, PartitionsCheckpoint((), ()))
+    b.resume_point = ResumePoint(NOW - NANOS_PER_SECOND, ResumablePartitions((), ()))
     b.watched_read_at = None
     b.on_tick()
     assert sink.commits == [(NOW - NANOS_PER_SECOND, {"t": (ID, TIER), "u": (ID,)})]
@@ -115,15 +115,15 @@ def test_a_failed_or_too_stale_read_lands_nothing_and_is_tried_again() -> None:
     sink, clock = FakeSink(), [1.0]
     schema: list[Any] = [RuntimeError("deadline exceeded")]
     b = batcher(sink, schema, clock)
-    b.resume_point = ResumePoint(NOW - NANOS_PER_SECOND, PartitionsCheckpoint((), ()))
+    b.resume_point = ResumePoint(NOW - NANOS_PER_SECOND, ResumablePartitions((), ()))
     b.on_tick()
     assert sink.commits == []
     schema[0] = {"t": (ID, TIER)}
-    b.resume_point = ResumePoint(NOW - STALE_READ_LIMIT_NANOS - 1, PartitionsCheckpoint((), ()))
+    b.resume_point = ResumePoint(NOW - STALE_READ_LIMIT_NANOS - 1, ResumablePartitions((), ()))
     clock[0] = 12.0
     b.on_tick()
     assert sink.commits == []
-    b.resume_point = ResumePoint(NOW - NANOS_PER_SECOND, PartitionsCheckpoint((), ()))
+    b.resume_point = ResumePoint(NOW - NANOS_PER_SECOND, ResumablePartitions((), ()))
     clock[0] = 23.0
     b.on_tick()
     assert sink.commits == [(NOW - NANOS_PER_SECOND, {"t": (ID, TIER)})]

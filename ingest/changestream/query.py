@@ -19,8 +19,8 @@ from ingest.changestream import mapper
 from ingest.model.records import ChangeRecord
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_datetime, to_rfc3339
 
-MIN_HEARTBEAT_MILLIS = 100
-MAX_HEARTBEAT_MILLIS = 300_000
+MIN_HEARTBEAT_MS = 100
+MAX_HEARTBEAT_MS = 300_000
 DEFAULT_RETENTION_NANOS = 24 * 3600 * NANOS_PER_SECOND
 _STREAM_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 _RETENTION = re.compile(r"^(\d+)([smhd])$")
@@ -50,13 +50,13 @@ def validate_stream_name(stream: str) -> str:
     return stream
 
 
-def validate_heartbeat(heartbeat_millis: int) -> int:
-    if not MIN_HEARTBEAT_MILLIS <= heartbeat_millis <= MAX_HEARTBEAT_MILLIS:
+def validate_heartbeat(heartbeat_ms: int) -> int:
+    if not MIN_HEARTBEAT_MS <= heartbeat_ms <= MAX_HEARTBEAT_MS:
         raise ChangeStreamRequestError(
-            f"heartbeat must be between {MIN_HEARTBEAT_MILLIS} and {MAX_HEARTBEAT_MILLIS} ms, "
-            f"got {heartbeat_millis}"
+            f"heartbeat must be between {MIN_HEARTBEAT_MS} and {MAX_HEARTBEAT_MS} ms, "
+            f"got {heartbeat_ms}"
         )
-    return heartbeat_millis
+    return heartbeat_ms
 
 
 def validate_start(start: Nanos, now: Nanos, info: ChangeStreamInfo) -> Nanos:
@@ -119,7 +119,7 @@ def statement(
     partition_token: str | None,
     start: Nanos,
     end: Nanos | None,
-    heartbeat_millis: int,
+    heartbeat_ms: int,
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """SQL text, parameters and parameter types of one change stream query."""
     validate_stream_name(stream)
@@ -127,7 +127,7 @@ def statement(
         to_datetime(start),
         None if end is None else to_datetime(end),
         partition_token,
-        heartbeat_millis,
+        heartbeat_ms,
     ]
     types = [param_types.TIMESTAMP, param_types.TIMESTAMP, param_types.STRING, param_types.INT64]
     if dialect is Dialect.POSTGRESQL:
@@ -156,13 +156,13 @@ class ChangeStreamQuery:
     database: Database
     stream: str
     dialect: Dialect
-    heartbeat_millis: int
+    heartbeat_ms: int
 
     def read(
         self, partition_token: str | None, start: Nanos, end: Nanos | None
     ) -> Iterator[ChangeRecord]:
         sql, params, types = statement(
-            self.stream, self.dialect, partition_token, start, end, self.heartbeat_millis
+            self.stream, self.dialect, partition_token, start, end, self.heartbeat_ms
         )
         with self.database.snapshot() as snapshot:
             results = snapshot.execute_sql(sql, params=params, param_types=types)

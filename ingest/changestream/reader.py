@@ -41,10 +41,10 @@ class ChangeStreamSource(Protocol):
 class ReaderConfig:
     start_timestamp: Nanos
     end_timestamp: Nanos | None = None
-    heartbeat_millis: int = 1000
+    heartbeat_ms: int = 1000
     max_concurrent_partitions: int = 512
     memory_budget_bytes: int = 256 * 1024 * 1024
-    stats_interval_seconds: float = 10.0
+    stats_interval_s: float = 10.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
@@ -152,7 +152,7 @@ class ChangeStreamReader:
 
         ``on_tick`` runs on the coordinator every loop (about every 50 ms), for time-based work.
         """
-        next_stats = time.monotonic() + self._config.stats_interval_seconds
+        next_stats = time.monotonic() + self._config.stats_interval_s
         stats_window = (time.monotonic(), 0)
         try:
             while not stop.is_set():
@@ -165,7 +165,7 @@ class ChangeStreamReader:
                     break
                 if time.monotonic() >= next_stats:
                     stats_window = self._log_stats(stats_window)
-                    next_stats = time.monotonic() + self._config.stats_interval_seconds
+                    next_stats = time.monotonic() + self._config.stats_interval_s
         finally:
             self._workers_stop.set()
             self._gate.update(False, None)
@@ -255,7 +255,7 @@ class ChangeStreamReader:
         retrying = Retrying(
             retry=retry_if_exception(is_transient),
             wait=wait_exponential_jitter(
-                multiplier=policy.initial_backoff_seconds, max=policy.max_backoff_seconds
+                multiplier=policy.initial_backoff_s, max=policy.max_backoff_s
             ),
             stop=lambda _: (
                 progress.failures_without_progress >= policy.max_failures

@@ -27,6 +27,6 @@ def is_transient(error: BaseException) -> bool:
 class RetryPolicy:
     """Exponential backoff with jitter; stops after ``max_failures`` failures without progress."""
 
-    initial_backoff_seconds: float = 0.1
-    max_backoff_seconds: float = 10.0
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 10.0
     max_failures: int = 8

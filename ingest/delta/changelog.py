@@ -16,7 +16,7 @@ import pyarrow as pa
 from ingest.model.encoding import canonical_json
 from ingest.model.records import ColumnType, Transaction
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339, to_rfc3339
-from ingest.rules.partitions import PartitionCheckpoint, PartitionsCheckpoint
+from ingest.rules.partitions import ResumablePartition, ResumablePartitions
 from ingest.rules.resume import ResumePoint
 
 CHECKPOINT_KEY = "spanner_cdc_checkpoint"
@@ -181,9 +181,9 @@ def from_json(text: str) -> Checkpoint:
     data = json.loads(text)
     if data.get("format") != FORMAT_VERSION:
         raise ValueError(f"unsupported checkpoint format {data.get('format')!r}")
-    partitions = PartitionsCheckpoint(
+    partitions = ResumablePartitions(
         tuple(
-            PartitionCheckpoint(
+            ResumablePartition(
                 p["token"], parse_rfc3339(p["start_timestamp"]), tuple(p["parent_tokens"])
             )
             for p in data["partitions"]

@@ -57,4 +57,4 @@ class Coordinator:
         if low is None or low <= self.assembler.released_watermark:
             return None
         transactions = self.assembler.release(low)
-        return Release(transactions, low, ResumePoint(low, self.tracker.checkpoint(low)))
+        return Release(transactions, low, ResumePoint(low, self.tracker.resumable(low)))

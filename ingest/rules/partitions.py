@@ -32,7 +32,7 @@ class PartitionState(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class PartitionCheckpoint:
+class ResumablePartition:
     """What resumes a partition after a restart: it is queried again from max(start, W + 1)."""
 
     token: str
@@ -41,14 +41,14 @@ class PartitionCheckpoint:
 
 
 @dataclass(frozen=True, slots=True)
-class PartitionsCheckpoint:
+class ResumablePartitions:
     """Partitions to query again, and the finished parents they still wait for.
 
     A parent that is neither here nor finished has not been discovered yet (its own parent is
     still running): its children must keep waiting for it.
     """
 
-    partitions: tuple[PartitionCheckpoint, ...]
+    partitions: tuple[ResumablePartition, ...]
     finished_parents: tuple[str, ...]
 
 
@@ -115,7 +115,7 @@ class PartitionTracker:
     def add_initial(self) -> Partition:
         return self._create(INITIAL_PARTITION, self._start_timestamp, frozenset())
 
-    def restore(self, checkpoint: PartitionsCheckpoint, low_watermark: Nanos) -> None:
+    def restore(self, checkpoint: ResumablePartitions, low_watermark: Nanos) -> None:
         """Resume from a checkpoint taken at ``low_watermark``: everything at or below it landed."""
         for token in checkpoint.finished_parents:
             self._finished[token] = frozenset()
@@ -281,7 +281,7 @@ class PartitionTracker:
     def all_finished(self) -> bool:
         return not self._partitions
 
-    def checkpoint(self, landed_watermark: Nanos) -> PartitionsCheckpoint:
+    def resumable(self, landed_watermark: Nanos) -> ResumablePartitions:
         """Partitions to query again after a restart from ``landed_watermark``.
 
         Unfinished partitions, and finished ones that delivered records above the landed
@@ -293,9 +293,9 @@ class PartitionTracker:
         saved = [*self._landing.values(), *self._partitions.values()]
         awaited = set().union(*(p.parent_tokens for p in saved))
         requeried = {p.token for p in saved}
-        return PartitionsCheckpoint(
+        return ResumablePartitions(
             tuple(
-                PartitionCheckpoint(p.token, p.start_timestamp, tuple(sorted(p.parent_tokens)))
+                ResumablePartition(p.token, p.start_timestamp, tuple(sorted(p.parent_tokens)))
                 for p in saved
             ),
             tuple(sorted((awaited & self._finished.keys()) - requeried)),

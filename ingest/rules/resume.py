@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ingest.model.records import Transaction
 from ingest.model.timestamps import Nanos
-from ingest.rules.partitions import PartitionsCheckpoint
+from ingest.rules.partitions import ResumablePartitions
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,7 +14,7 @@ class ResumePoint:
     """Where a previous run stopped: everything at or below low_watermark has landed."""
 
     low_watermark: Nanos
-    partitions: PartitionsCheckpoint
+    partitions: ResumablePartitions
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,4 +29,4 @@ class Release:
 
 def start_point(start: Nanos) -> ResumePoint:
     """Where a new job starting at ``start`` resumes: just below it, no partition known yet."""
-    return ResumePoint(start - 1, PartitionsCheckpoint((), ()))
+    return ResumePoint(start - 1, ResumablePartitions((), ()))

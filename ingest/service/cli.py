@@ -119,10 +119,10 @@ def prepare_tail(args: argparse.Namespace) -> TailRequest:
     config = ReaderConfig(
         start_timestamp=args.start_timestamp,
         end_timestamp=args.end_timestamp,
-        heartbeat_millis=args.heartbeat_ms,
+        heartbeat_ms=args.heartbeat_ms,
         max_concurrent_partitions=args.max_concurrent_partitions,
         memory_budget_bytes=args.memory_budget_mb * 1024 * 1024,
-        stats_interval_seconds=args.stats_interval_s,
+        stats_interval_s=args.stats_interval_s,
     )
     return TailRequest(
         query.ChangeStreamQuery(database, args.stream, dialect, args.heartbeat_ms), config
@@ -168,7 +168,7 @@ def run_tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             if request.config.end_timestamp is None
             else to_rfc3339(request.config.end_timestamp)
         ),
-        heartbeat_ms=request.config.heartbeat_millis,
+        heartbeat_ms=request.config.heartbeat_ms,
     )
     reader.run(print_release, stop)
     log.info(

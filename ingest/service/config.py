@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ingest.changestream.query import MAX_HEARTBEAT_MILLIS, MIN_HEARTBEAT_MILLIS
+from ingest.changestream.query import MAX_HEARTBEAT_MS, MIN_HEARTBEAT_MS
 from ingest.model.options import (
     ConfigError,
     choice,
@@ -103,7 +103,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "database": identifier,
     "stream": identifier,
     "dialect": choice("auto", "googlesql", "postgresql"),
-    "heartbeat_ms": integer(MIN_HEARTBEAT_MILLIS, MAX_HEARTBEAT_MILLIS),
+    "heartbeat_ms": integer(MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS),
     "start_timestamp": _timestamp,
     "table_uri": non_empty,
     "job_id": _job_id,

@@ -76,10 +76,10 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
         query.ChangeStreamQuery(database, config.stream, dialect, config.heartbeat_ms),
         ReaderConfig(
             start_timestamp=start,
-            heartbeat_millis=config.heartbeat_ms,
+            heartbeat_ms=config.heartbeat_ms,
             max_concurrent_partitions=config.max_concurrent_partitions,
             memory_budget_bytes=config.memory_budget_mb * 1024 * 1024,
-            stats_interval_seconds=config.stats_interval_s,
+            stats_interval_s=config.stats_interval_s,
         ),
         log,
         resume_from=resume,

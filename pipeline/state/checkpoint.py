@@ -31,11 +31,11 @@ class CheckpointInUse(RuntimeError):
 
 
 class CheckpointLock:
-    def __init__(self, checkpoint_uri: str, stale_seconds: float, description: str) -> None:
+    def __init__(self, checkpoint_uri: str, stale_s: float, description: str) -> None:
         self._filesystem, root = filesystem_for(checkpoint_uri)
         self._root = root.rstrip("/")
         self._path = f"{self._root}/{LOCK_FILE}"
-        self._stale = stale_seconds
+        self._stale = stale_s
         self._owner = {
             "owner": uuid.uuid4().hex,
             "host": socket.gethostname(),
