@@ -78,7 +78,7 @@ def batcher(sink: FakeSink, schema: list[Any], clock: list[float]) -> Batcher:
         sink,  # type: ignore[arg-type]
         flush_latency_s=1.0,
         max_rows=100,
-        checkpoint_interval_s=1000.0,
+        checkpoint_interval_s=4.0,
         retention_nanos=86_400 * NANOS_PER_SECOND,
         log=structlog.get_logger(),
         monotonic=lambda: clock[0],
@@ -89,44 +89,54 @@ def batcher(sink: FakeSink, schema: list[Any], clock: list[float]) -> Batcher:
     )
 
 
-def test_schema_rows_land_at_once_for_changed_tables_only() -> None:
+def released(b: Batcher, seconds_ago: int) -> None:
+    b.resume_point = ResumePoint(NOW - seconds_ago * NANOS_PER_SECOND, ResumablePartitions((), ()))
+
+
+def test_schema_rows_ride_on_the_next_due_commit_for_changed_tables_only() -> None:
     sink, clock = FakeSink(), [1.0]
     schema: list[Any] = [{"t": (ID, TIER), "u": (ID,)}]
     b = batcher(sink, schema, clock)
     b.on_tick()
     assert sink.commits == [], "nothing released yet: no watermark to read at"
-    b.resume_point = ResumePoint(NOW - NANOS_PER_SECOND, ResumablePartitions((), ()))
-    b.watched_read_at = None
+    released(b, 9)
+    clock[0] = 3.0
     b.on_tick()
-    assert sink.commits == [(NOW - NANOS_PER_SECOND, {"t": (ID, TIER), "u": (ID,)})]
+    assert sink.commits == [], "schema rows never force a commit of their own"
+    clock[0] = 4.0
+    b.on_tick()
+    assert sink.commits == [(NOW - 9 * NANOS_PER_SECOND, {"t": (ID, TIER), "u": (ID,)})]
     schema[0] = {"t": (ID,), "u": (ID,)}
-    clock[0] = 5.0
+    released(b, 8)
+    clock[0] = 8.0
     b.on_tick()
-    assert len(sink.commits) == 1, "read again only after the interval"
-    clock[0] = 11.0
+    assert sink.commits[-1] == (NOW - 8 * NANOS_PER_SECOND, {}), "not read within the interval"
+    released(b, 7)
+    clock[0] = 14.0
     b.on_tick()
-    assert sink.commits[-1] == (NOW - NANOS_PER_SECOND, {"t": (ID,)})
-    clock[0] = 21.0
+    assert sink.commits[-1] == (NOW - 7 * NANOS_PER_SECOND, {"t": (ID,)}), "read at the commit's W"
+    released(b, 6)
+    clock[0] = 24.0
     b.on_tick()
-    assert len(sink.commits) == 2, "unchanged columns land nothing"
+    assert sink.commits[-1] == (NOW - 6 * NANOS_PER_SECOND, {}), "unchanged columns land nothing"
 
 
 def test_a_failed_or_too_stale_read_lands_nothing_and_is_tried_again() -> None:
-    sink, clock = FakeSink(), [1.0]
+    sink, clock = FakeSink(), [4.0]
     schema: list[Any] = [RuntimeError("deadline exceeded")]
     b = batcher(sink, schema, clock)
-    b.resume_point = ResumePoint(NOW - NANOS_PER_SECOND, ResumablePartitions((), ()))
+    released(b, 1)
     b.on_tick()
-    assert sink.commits == []
+    assert sink.commits == [(NOW - NANOS_PER_SECOND, {})], "the checkpoint commits all the same"
     schema[0] = {"t": (ID, TIER)}
     b.resume_point = ResumePoint(NOW - STALE_READ_LIMIT_NANOS - 1, ResumablePartitions((), ()))
-    clock[0] = 12.0
+    clock[0] = 14.0
     b.on_tick()
-    assert sink.commits == []
-    b.resume_point = ResumePoint(NOW - NANOS_PER_SECOND, ResumablePartitions((), ()))
-    clock[0] = 23.0
+    assert sink.commits[-1] == (NOW - STALE_READ_LIMIT_NANOS - 1, {})
+    released(b, 1)
+    clock[0] = 24.0
     b.on_tick()
-    assert sink.commits == [(NOW - NANOS_PER_SECOND, {"t": (ID, TIER)})]
+    assert sink.commits[-1] == (NOW - NANOS_PER_SECOND, {"t": (ID, TIER)})
 
 
 def _records(database: Any, stream: str, start: int, end: int) -> list[tuple[int, dict]]:

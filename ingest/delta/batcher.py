@@ -26,8 +26,11 @@ class Batcher:
     with nothing to land, still commit the checkpoint every ``checkpoint_interval`` so a restart
     never re-reads more than that much of the stream (and the writer lease stays fresh).
 
-    Every ``watched_interval`` the watched columns are read at the released low watermark; tables
-    whose columns differ from what this process landed last get schema rows, committed at once.
+    Once ``watched_interval`` has passed, the next commit that is due anyway reads the watched
+    columns at its own low watermark; tables whose columns differ from what this process landed
+    last get schema rows in that commit. Schema rows never force a commit of their own: a new
+    job's first data commit stays one flush latency after its start commit, and a drop reaches the
+    change log within ``watched_interval`` plus ``checkpoint_interval``.
     """
 
     sink: DeltaChangeLogSink
@@ -66,9 +69,8 @@ class Batcher:
             self.pending_since is not None and now - self.pending_since >= self.flush_latency_s
         )
         checkpoint_due = now - self.last_commit_at >= self.checkpoint_interval_s
-        watched = self._watched_changes(now)
-        if batch_due or checkpoint_due or watched:
-            self.flush(watched)
+        if batch_due or checkpoint_due:
+            self.flush(self._watched_changes(now))
 
     def _watched_changes(self, now: float) -> WatchedColumns:
         """Tables whose watched columns at the released watermark differ from those landed."""
