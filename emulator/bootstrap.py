@@ -71,15 +71,18 @@ def seed_accounts(database: Database, accounts: int, initial_balance: int) -> No
         existing = next(iter(snapshot.execute_sql("SELECT COUNT(*) FROM accounts")))[0]
     if existing or not accounts:
         return
-    with database.batch() as batch:
-        batch.insert(
-            "accounts",
-            ["account_id", "owner", "balance"],
-            [
-                (account_id, f"owner-{account_id}", initial_balance)
-                for account_id in range(accounts)
-            ],
-        )
+    # In commits of 2,000 rows: the emulator's time per commit grows faster than its size
+    # (20,000 accounts in one commit took 82 s here).
+    for first in range(0, accounts, 2_000):
+        with database.batch() as batch:
+            batch.insert(
+                "accounts",
+                ["account_id", "owner", "balance"],
+                [
+                    (account_id, f"owner-{account_id}", initial_balance)
+                    for account_id in range(first, min(first + 2_000, accounts))
+                ],
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

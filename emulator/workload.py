@@ -295,6 +295,52 @@ class Workload:
                     self._state.transfer_keys.remove(key)
 
 
+EXISTING_ALL_TYPES_IDS = 1_000_000_000
+"""all_types ids of rows written before a job starts; the workload's own ids count up from 1."""
+
+
+def load_existing_rows(
+    database: Database,
+    accounts: int,
+    transfers: int,
+    all_types: int,
+    seed: int = 0,
+    rows_per_commit: int = 2_000,
+) -> int:
+    """Rows a database already holds when a job starts (the initial snapshot's input): transfers
+    between the first ``accounts`` accounts and all_types rows of every type, a few NULL.
+    Returns the rows written."""
+    rng = random.Random(seed)
+    moment = time.time_ns()
+    transfer_rows = [
+        (
+            rng.randrange(accounts),
+            str(uuid.UUID(int=rng.getrandbits(128))),
+            rng.randrange(accounts),
+            rng.randint(1, 1000),
+            to_mutation_value("created_at", moment - rng.randint(0, 10**15)),
+        )
+        for _ in range(transfers)
+    ]
+    columns = ["id", "variant", *ALL_TYPES_COLUMNS]
+    typed_rows = []
+    for number in range(all_types):
+        values = random_all_types_values(rng)
+        key = [EXISTING_ALL_TYPES_IDS + number, rng.choice(["alpha", "beta"])]
+        typed_rows.append([*key, *(to_mutation_value(c, values[c]) for c in ALL_TYPES_COLUMNS)])
+    for start in range(0, max(transfers, all_types), rows_per_commit):
+        with database.batch() as batch:
+            if chunk := transfer_rows[start : start + rows_per_commit]:
+                batch.insert(
+                    "transfers",
+                    ["from_account_id", "transfer_id", "to_account_id", "amount", "created_at"],
+                    chunk,
+                )
+            if chunk := typed_rows[start : start + rows_per_commit]:
+                batch.insert("all_types", columns, chunk)
+    return transfers + all_types
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, bytes):
         return {"$bytes": base64.b64encode(value).decode()}
