@@ -107,6 +107,7 @@ def product_processes(options: RunOptions, database: str, start: int) -> tuple[P
             "INGEST_CHECKPOINT_INTERVAL_S": "5",
             "INGEST_FLUSH_LATENCY_MS": "500",
             "INGEST_HEALTH_PORT": "0",
+            "INGEST_SNAPSHOT_MODE": "never",
         },
     )
     pipeline = Process(

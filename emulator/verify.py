@@ -71,12 +71,16 @@ class TableComparison:
 
 
 def changelog_watermark(changelog_uri: str, version: int | None = None) -> Watermark | None:
-    """The low watermark recorded by the newest landing commit at or before ``version``."""
+    """The low watermark recorded by the newest landing commit at or before ``version`` that is a
+    consistent cut: None while the job's initial snapshot is incomplete."""
     table = DeltaTable(changelog_uri, version=version)
     for commit in table.history():
         text = commit.get(CHECKPOINT_KEY)
         if text is not None:
-            return Watermark(int(commit["version"]), from_json(text).resume_point.low_watermark)
+            checkpoint = from_json(text)
+            if not checkpoint.consistent:
+                return None
+            return Watermark(int(commit["version"]), checkpoint.resume_point.low_watermark)
     return None
 
 

@@ -313,7 +313,9 @@ def _read(state: Any, schema: T.StructType) -> dict[str, Any] | None:
 
 def _count(stats: dict[str, Any], row: Row) -> dict[str, Any]:
     stats = dict(stats)
-    field = {"INSERT": "inserts", "UPDATE": "updates", "DELETE": "deletes"}[row["mod_type"]]
+    field = {"INSERT": "inserts", "SNAPSHOT": "inserts", "UPDATE": "updates", "DELETE": "deletes"}[
+        row["mod_type"]
+    ]
     stats[field] = (stats[field] or 0) + 1
     when = row["commit_timestamp"]
     if isinstance(when, dt.datetime):

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from emulator.workload import CommittedTransaction
-from ingest.delta.changelog import CHECKPOINT_KEY, SCHEMA_ROW, Checkpoint, from_json
+from ingest.delta.changelog import CHECKPOINT_KEY, SCHEMA_ROW, SNAPSHOT_ROW, Checkpoint, from_json
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from pipeline.catalog import scan
 
@@ -73,7 +73,14 @@ def assert_change_log_invariants(
                 "",
                 "",
             ), "a schema row is read at its version's low watermark and is no transaction"
-        version_rows = [r for r in version.rows if r["mod_type"] != SCHEMA_ROW]
+        for row in (r for r in version.rows if r["mod_type"] == SNAPSHOT_ROW):
+            assert version.checkpoint.snapshot is not None
+            assert (row["commit_timestamp_text"], row["server_transaction_id"]) == (
+                to_rfc3339(version.checkpoint.snapshot.read_timestamp),
+                "",
+            ), "a snapshot row is read at T0 and is no transaction"
+            assert previous_max is None, "a snapshot row after a change"
+        version_rows = [r for r in version.rows if r["mod_type"] not in (SCHEMA_ROW, SNAPSHOT_ROW)]
         data_rows += version_rows
         stamps = [parse_rfc3339(r["commit_timestamp_text"]) for r in version_rows]
         for row, stamp in zip(version_rows, stamps, strict=True):

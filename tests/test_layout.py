@@ -15,6 +15,7 @@ ALLOWED = {
     "ingest.rules": ("ingest.model", "ingest.rules"),
     "ingest.changestream": ("ingest.model", "ingest.rules", "ingest.changestream"),
     "ingest.delta": ("ingest.model", "ingest.rules", "ingest.delta"),
+    "ingest.snapshot": ("ingest.model", "ingest.snapshot"),
     "ingest.service": ("ingest",),
     "ingest": ("ingest",),
     "pipeline": ("pipeline", "ingest.model", "ingest.delta.changelog"),

@@ -92,6 +92,21 @@ def detect_dialect(database: Database) -> Dialect:
     return Dialect.POSTGRESQL if value == "POSTGRESQL" else Dialect.GOOGLE_STANDARD_SQL
 
 
+DEFAULT_VERSION_RETENTION_NANOS = 3600 * NANOS_PER_SECOND
+
+
+def version_retention(database: Database) -> Nanos:
+    """How far back the database serves stale reads (``version_retention_period``, 1 hour unless
+    set): the limit of a snapshot's read timestamp."""
+    sql = (
+        "SELECT option_value FROM information_schema.database_options "
+        "WHERE option_name = 'version_retention_period'"
+    )
+    with database.snapshot() as snapshot:
+        rows = list(snapshot.execute_sql(sql))
+    return parse_retention(rows[0][0]) if rows and rows[0][0] else DEFAULT_VERSION_RETENTION_NANOS
+
+
 def describe_stream(database: Database, stream: str) -> ChangeStreamInfo:
     """Look the stream up; an unknown stream is a ``ChangeStreamRequestError``."""
     validate_stream_name(stream)

@@ -1,7 +1,8 @@
 """The change-log contract (docs/design.md, contract 1), shared by the sink and the pipeline: the
-table's rows, as an Arrow table (one row per mod, and one schema row per table whose watched
-columns changed: ``mod_type`` SCHEMA, no transaction id), and the checkpoint each commit carries
-under ``CHECKPOINT_KEY``."""
+table's rows, as an Arrow table (one row per mod; one snapshot row per row of a captured table at
+T0: ``mod_type`` SNAPSHOT, no transaction id; one schema row per table whose watched columns
+changed: ``mod_type`` SCHEMA, no transaction id), and the checkpoint each commit carries under
+``CHECKPOINT_KEY``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pyarrow as pa
 
 from ingest.model.encoding import canonical_json
 from ingest.model.records import ColumnType, Transaction
+from ingest.model.snapshot import SnapshotChunk, SnapshotProgress, TableProgress
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339, to_rfc3339
 from ingest.rules.partitions import ResumablePartition, ResumablePartitions
 from ingest.rules.resume import ResumePoint
@@ -50,6 +52,11 @@ SCHEMA_ROW = "SCHEMA"
 """``mod_type`` of a schema row: the table's watched columns at its ``commit_timestamp`` (the
 time they were read, at the commit's low watermark). Its ``server_transaction_id`` and ``keys``
 are empty, so it counts as no transaction and as no row of the table."""
+SNAPSHOT_ROW = "SNAPSHOT"
+"""``mod_type`` of a snapshot row: one row of a captured table as read at T0 (its
+``commit_timestamp``), every captured column listed (``value_capture_type`` NEW_ROW), an empty
+``server_transaction_id``. It sorts before every change of the stream, which starts after T0;
+readers tell it from an INSERT as Debezium's readers tell ``op = r`` from ``op = c``."""
 
 
 def _column_types_json(column_types: Iterable[ColumnType]) -> str:
@@ -74,9 +81,14 @@ def to_arrow(
     transactions: Iterable[Transaction],
     watched: Mapping[str, tuple[ColumnType, ...]] | None = None,
     watched_at: Nanos = 0,
+    snapshot: Iterable[SnapshotChunk] = (),
+    snapshot_at: Nanos = 0,
 ) -> pa.Table:
-    """Rows of whole transactions, then schema rows of ``watched`` read at ``watched_at``."""
+    """Snapshot rows read at ``snapshot_at``, rows of whole transactions, then schema rows of
+    ``watched`` read at ``watched_at``."""
     columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
+    for chunk in snapshot:
+        _append_snapshot_rows(columns, chunk, snapshot_at)
     for transaction in transactions:
         micros = transaction.commit_timestamp // 1000
         text = to_rfc3339(transaction.commit_timestamp)
@@ -130,6 +142,31 @@ def to_arrow(
     return pa.Table.from_pydict(columns, schema=SCHEMA)
 
 
+def _append_snapshot_rows(columns: dict[str, list[Any]], chunk: SnapshotChunk, at: Nanos) -> None:
+    count = len(chunk.rows)
+    constant = {
+        "commit_timestamp": at // 1000,
+        "commit_timestamp_text": to_rfc3339(at),
+        "server_transaction_id": "",
+        "record_sequence": "",
+        "mod_index": 0,
+        "table_name": chunk.table,
+        "mod_type": SNAPSHOT_ROW,
+        "value_capture_type": "NEW_ROW",
+        "old_values": "{}",
+        "column_types": _column_types_json(chunk.column_types),
+        "number_of_records_in_transaction": 0,
+        "number_of_partitions_in_transaction": 0,
+        "transaction_tag": "",
+        "is_system_transaction": False,
+        "commit_date": _date(at),
+    }
+    for name, value in constant.items():
+        columns[name].extend([value] * count)
+    columns["keys"].extend(keys for keys, _ in chunk.rows)
+    columns["new_values"].extend(values for _, values in chunk.rows)
+
+
 FORMAT_VERSION = 1
 
 
@@ -145,6 +182,14 @@ class Checkpoint:
     job_start: Nanos | None = None
     """Where the job's stream started, fixed by its first commit and carried by every later one.
     None in checkpoints written before the start was recorded."""
+    snapshot: SnapshotProgress | None = None
+    """The initial snapshot's progress, carried by every commit of a job that took one. Until it
+    is complete, the change log is no consistent cut: its W is not reached."""
+
+    @property
+    def consistent(self) -> bool:
+        """Whether every captured table equals Spanner at W once this commit is applied."""
+        return self.snapshot is None or self.snapshot.complete
 
 
 def to_json(checkpoint: Checkpoint) -> str:
@@ -169,6 +214,11 @@ def to_json(checkpoint: Checkpoint) -> str:
             **(
                 {"job_start": to_rfc3339(checkpoint.job_start)}
                 if checkpoint.job_start is not None
+                else {}
+            ),
+            **(
+                {"snapshot": _snapshot_json(checkpoint.snapshot)}
+                if checkpoint.snapshot is not None
                 else {}
             ),
         },
@@ -197,4 +247,41 @@ def from_json(text: str) -> Checkpoint:
         committed_at=parse_rfc3339(data["committed_at"]),
         resume_point=ResumePoint(parse_rfc3339(data["low_watermark"]), partitions),
         job_start=parse_rfc3339(data["job_start"]) if "job_start" in data else None,
+        snapshot=_snapshot_from_json(data["snapshot"]) if "snapshot" in data else None,
+    )
+
+
+def _snapshot_json(progress: SnapshotProgress) -> dict[str, Any]:
+    return {
+        "read_timestamp": to_rfc3339(progress.read_timestamp),
+        "complete": progress.complete,
+        "rows": progress.rows,
+        "tables": [
+            {
+                "table": t.table,
+                "rows": t.rows,
+                "done": t.done,
+                **(
+                    {"after_key": list(t.after_key)}
+                    if t.after_key is not None and not t.done
+                    else {}
+                ),
+            }
+            for t in progress.tables
+        ],
+    }
+
+
+def _snapshot_from_json(data: dict[str, Any]) -> SnapshotProgress:
+    return SnapshotProgress(
+        parse_rfc3339(data["read_timestamp"]),
+        tuple(
+            TableProgress(
+                t["table"],
+                t["rows"],
+                tuple(t["after_key"]) if "after_key" in t else None,
+                t["done"],
+            )
+            for t in data["tables"]
+        ),
     )

@@ -28,6 +28,7 @@ from ingest.delta.changelog import CHECKPOINT_KEY, Checkpoint, from_json, to_jso
 from ingest.model.logs import null_logger
 from ingest.model.records import ColumnType
 from ingest.model.records import Transaction as SpannerTransaction
+from ingest.model.snapshot import SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import Nanos
 from ingest.rules.resume import ResumePoint, start_point
 
@@ -77,6 +78,7 @@ class DeltaChangeLogSink:
         self._retry_attempts = retry_attempts
         self._next_version = 1
         self._job_start: Nanos | None = None
+        self._snapshot: SnapshotProgress | None = None
 
     @property
     def job_id(self) -> str:
@@ -118,27 +120,48 @@ class DeltaChangeLogSink:
         """Take over the job from its newest checkpoint (or start it)."""
         self._next_version = (checkpoint.version if checkpoint else 0) + 1
         self._job_start = checkpoint.job_start if checkpoint else None
+        self._snapshot = checkpoint.snapshot if checkpoint else None
 
-    def start_job(self, start: Nanos) -> CommitResult:
+    def start_job(self, start: Nanos, snapshot: SnapshotProgress | None = None) -> CommitResult:
         """Make a new job's start durable before anything is read: version 1 holds no rows and
         a checkpoint to resume from ``start``, so a crash before the first data commit cannot
-        move the start forward and skip what was committed in between."""
+        move the start forward and skip what was committed in between. A job that snapshots
+        records the snapshot's T0 and tables here too."""
         self._job_start = start
+        self._snapshot = snapshot
         return self.commit([], start_point(start))
+
+    def commit_snapshot(
+        self, chunks: Sequence[SnapshotChunk], progress: SnapshotProgress
+    ) -> CommitResult:
+        """Land snapshot rows with the progress they reach, atomically: a restart reads each
+        table again from just after the last key this commit records."""
+        self._snapshot = progress
+        return self.commit([], start_point(self._job_start or 0), snapshot=chunks)
 
     def commit(
         self,
         transactions: Sequence[SpannerTransaction],
         resume_point: ResumePoint,
         watched: Mapping[str, tuple[ColumnType, ...]] | None = None,
+        snapshot: Sequence[SnapshotChunk] = (),
     ) -> CommitResult:
         """Land whole transactions up to the resume point's low watermark, and schema rows of
         the tables whose ``watched`` columns (read at that watermark) changed."""
         version = self._next_version
         checkpoint = Checkpoint(
-            self._job_id, version, self._owner, self._wall_clock(), resume_point, self._job_start
+            self._job_id,
+            version,
+            self._owner,
+            self._wall_clock(),
+            resume_point,
+            self._job_start,
+            self._snapshot,
         )
-        rows = changelog.to_arrow(transactions, watched, resume_point.low_watermark)
+        snapshot_at = self._snapshot.read_timestamp if self._snapshot is not None else 0
+        rows = changelog.to_arrow(
+            transactions, watched, resume_point.low_watermark, snapshot, snapshot_at
+        )
         retrying = Retrying(
             retry=retry_if_exception_type((CommitFailedError, OSError)),
             wait=wait_exponential_jitter(multiplier=0.05, max=5),

@@ -30,6 +30,7 @@ from ingest.rules.assembler import IncompleteTransactionError, InconsistentTrans
 from ingest.rules.resume import Release
 from ingest.service import config as config_module
 from ingest.service.run import run_service
+from ingest.service.snapshot import SnapshotOutOfReach
 
 EXIT_RUNTIME_ERROR = 1
 EXIT_BAD_INPUT = 2
@@ -195,7 +196,12 @@ def main(
         if args.command == "run":
             return run_ingest(args, out)
         return run_tail(args, out, err)
-    except (UsageError, query.ChangeStreamRequestError, config_module.ConfigError) as error:
+    except (
+        UsageError,
+        query.ChangeStreamRequestError,
+        config_module.ConfigError,
+        SnapshotOutOfReach,
+    ) as error:
         print(f"error: {_one_line(error)}", file=err)
         return EXIT_BAD_INPUT
     except (

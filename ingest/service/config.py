@@ -50,6 +50,12 @@ class ServiceConfig:
     readiness_s: float = 120.0
     stats_interval_s: float = 10.0
     max_concurrent_partitions: int = 512
+    snapshot_mode: str = "initial"
+    """What a new job does with the rows already in its tables: initial, never, initial_only."""
+    snapshot_workers: int = 4
+    """Tables read at once during the snapshot."""
+    snapshot_chunk_rows: int = 10_000
+    """Rows per chunk a snapshot reader hands the committer (memory: about 2 x workers chunks)."""
     log_level: str = "info"
 
     @property
@@ -80,6 +86,9 @@ ENVIRONMENT = {
             "readiness_s",
             "stats_interval_s",
             "max_concurrent_partitions",
+            "snapshot_mode",
+            "snapshot_workers",
+            "snapshot_chunk_rows",
             "log_level",
         )
     },
@@ -117,6 +126,9 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "readiness_s": seconds(1, 86_400),
     "stats_interval_s": seconds(0.1, 86_400),
     "max_concurrent_partitions": integer(1, 100_000),
+    "snapshot_mode": choice("initial", "never", "initial_only"),
+    "snapshot_workers": integer(1, 64),
+    "snapshot_chunk_rows": integer(1, 1_000_000),
     "log_level": choice("debug", "info", "warning", "error"),
 }
 

@@ -5,17 +5,38 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Protocol
 
-from ingest.delta.batcher import Batcher
+
+class Committer(Protocol):
+    """What readiness looks at: the snapshot's committer first, then the batcher."""
+
+    @property
+    def commits(self) -> int: ...
+
+    @property
+    def last_commit_at(self) -> float: ...
+
+
+@dataclass
+class Commits:
+    commits: int = 0
+    last_commit_at: float = 0.0
+
+    def count(self) -> None:
+        self.commits += 1
+        self.last_commit_at = time.monotonic()
 
 
 class HealthServer:
-    """``/healthz``: the reader loop is turning. ``/readyz``: a commit within ``readiness_s``."""
+    """``/healthz``: the reader loop (or the snapshot's committer) is turning. ``/readyz``: a
+    commit within ``readiness_s``."""
 
-    def __init__(self, port: int, readiness_s: float, batcher: Batcher) -> None:
+    def __init__(self, port: int, readiness_s: float, committer: Committer) -> None:
         self.last_tick = time.monotonic()
-        self._batcher = batcher
+        self.committer = committer
         self._readiness_s = readiness_s
         health = self
 
@@ -40,13 +61,16 @@ class HealthServer:
             age = now - self.last_tick
             return age < 30, {"reader_loop_age_s": round(age, 3)}
         if path.startswith("/readyz"):
-            committed = self._batcher.commits > 0
-            age = now - self._batcher.last_commit_at
+            committed = self.committer.commits > 0
+            age = now - self.committer.last_commit_at
             return committed and age < self._readiness_s, {
-                "commits": self._batcher.commits,
+                "commits": self.committer.commits,
                 "last_commit_age_s": round(age, 3) if committed else None,
             }
         return False, {"error": "unknown path"}
+
+    def tick(self) -> None:
+        self.last_tick = time.monotonic()
 
     def close(self) -> None:
         self._server.shutdown()

@@ -2,9 +2,11 @@
 
 Start: wait as a standby while another process holds the job's writer lease, then resume from the
 newest checkpoint in the table; a new job first commits its start position (the configured
-timestamp, or now), so every restart resumes from that same position. Run: the reader releases
-whole transactions at each low watermark; the batcher commits them with the checkpoint. Stop on
-SIGTERM/SIGINT: land what is released, commit, exit 0.
+timestamp, or now) and, unless its snapshot mode is ``never``, the snapshot's T0 (just below the
+start) and tables, so every restart resumes from that same position. Snapshot: land every captured
+table as read at T0 (``ingest.service.snapshot``). Run: the reader releases whole transactions at
+each low watermark; the batcher commits them with the checkpoint. Stop on SIGTERM/SIGINT: land what
+is released, commit, exit 0.
 """
 
 from __future__ import annotations
@@ -16,17 +18,22 @@ import uuid
 
 import structlog
 from google.cloud import spanner
+from google.cloud.spanner_v1.database import Database
 
 from ingest.changestream import query
 from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
 from ingest.changestream.watched_columns import read_watched_columns
 from ingest.delta.batcher import Batcher
+from ingest.delta.changelog import Checkpoint
 from ingest.delta.lease import start_moved, wait_for_lease
 from ingest.delta.sink import DeltaChangeLogSink
+from ingest.model.snapshot import SnapshotMode, SnapshotProgress
 from ingest.model.timestamps import to_rfc3339
-from ingest.rules.resume import start_point
+from ingest.rules.resume import ResumePoint, start_point
 from ingest.service.config import ServiceConfig
-from ingest.service.health import HealthServer
+from ingest.service.health import Commits, HealthServer
+from ingest.service.snapshot import SnapshotSettings, check_reachable, run_snapshot
+from ingest.snapshot.reader import read_table
 
 Logger = structlog.typing.FilteringBoundLogger
 
@@ -49,13 +56,25 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
         return 0
     sink.continue_after(checkpoint)
     now = time.time_ns()
-    new_job = checkpoint is None
+    mode = SnapshotMode(config.snapshot_mode)
+    snapshot: SnapshotProgress | None
     if checkpoint is None:
         start = query.validate_start(config.start_timestamp or now, now, info)
-        sink.start_job(start)
-        log.info("job_started", job_start=to_rfc3339(start))
         resume = start_point(start)
+        snapshot = None
+        if mode is not SnapshotMode.NEVER:
+            read_at = resume.low_watermark
+            check_reachable(read_at, now, query.version_retention(database))
+            tables = read_watched_columns(database, config.stream, dialect, read_at)
+            snapshot = SnapshotProgress.begin(read_at, list(tables))
+        sink.start_job(start, snapshot)
+        log.info(
+            "job_started",
+            job_start=to_rfc3339(start),
+            snapshot_read_timestamp=to_rfc3339(snapshot.read_timestamp) if snapshot else None,
+        )
     else:
+        snapshot = checkpoint.snapshot
         if start_moved(config.start_timestamp, checkpoint):
             log.warning(
                 "configured_start_ignored",
@@ -64,7 +83,48 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
                 note="a job's start never moves; start a new job to read from another point",
             )
         resume = checkpoint.resume_point
-        start = query.validate_start(resume.low_watermark + 1, now, info)
+    snapshot_commits = Commits()
+    health = (
+        HealthServer(config.health_port, config.readiness_s, snapshot_commits)
+        if config.health_port
+        else None
+    )
+    try:
+        if snapshot is not None and not snapshot.complete:
+            snapshot = _snapshot(
+                database, config, dialect, snapshot, sink, log, stop, health, snapshot_commits
+            )
+            if not snapshot.complete:
+                log.info("ingest_stopped", reason="stopped during the snapshot")
+                return 0
+        if mode is SnapshotMode.INITIAL_ONLY:
+            log.info(
+                "ingest_stopped", reason="snapshot_mode initial_only: the snapshot is complete"
+            )
+            return 0
+        return _stream(
+            database, config, dialect, info, sink, checkpoint, snapshot, resume, log, stop, health
+        )
+    finally:
+        if health is not None:
+            health.close()
+
+
+def _stream(
+    database: Database,
+    config: ServiceConfig,
+    dialect: query.Dialect,
+    info: query.ChangeStreamInfo,
+    sink: DeltaChangeLogSink,
+    checkpoint: Checkpoint | None,
+    snapshot: SnapshotProgress | None,
+    resume: ResumePoint,
+    log: Logger,
+    stop: threading.Event,
+    health: HealthServer | None,
+) -> int:
+    """Read the change stream from the resume point until stopped."""
+    start = query.validate_start(resume.low_watermark + 1, time.time_ns(), info)
     log.info(
         "ingest_started",
         table_uri=config.table_uri,
@@ -94,25 +154,18 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
         watched_columns=functools.partial(read_watched_columns, database, config.stream, dialect),
         watched_interval_s=config.watched_columns_interval_s,
     )
-    if new_job:
+    if checkpoint is None and snapshot is None:
         batcher.landed(resume.low_watermark)
-    health = (
-        HealthServer(config.health_port, config.readiness_s, batcher)
-        if config.health_port
-        else None
-    )
+    if health is not None:
+        health.committer = batcher
 
     def tick() -> None:
         if health is not None:
-            health.last_tick = time.monotonic()
+            health.tick()
         batcher.on_tick()
 
-    try:
-        reader.run(batcher.on_release, stop, on_tick=tick)
-        batcher.flush()
-    finally:
-        if health is not None:
-            health.close()
+    reader.run(batcher.on_release, stop, on_tick=tick)
+    batcher.flush()
     log.info(
         "ingest_stopped",
         low_watermark=to_rfc3339(reader.assembler.released_watermark),
@@ -120,3 +173,39 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
         duplicates_dropped=reader.assembler.stats.duplicates_dropped,
     )
     return 0
+
+
+def _snapshot(
+    database: Database,
+    config: ServiceConfig,
+    dialect: query.Dialect,
+    progress: SnapshotProgress,
+    sink: DeltaChangeLogSink,
+    log: Logger,
+    stop: threading.Event,
+    health: HealthServer | None,
+    commits: Commits,
+) -> SnapshotProgress:
+    """Land the tables the snapshot has not finished; refused once T0 is out of reach."""
+    read_at = progress.read_timestamp
+    deadline = check_reachable(read_at, time.time_ns(), query.version_retention(database))
+    log.info(
+        "snapshot_started",
+        read_timestamp=to_rfc3339(read_at),
+        deadline=to_rfc3339(deadline),
+        tables=len(progress.tables),
+        tables_done=sum(t.done for t in progress.tables),
+        rows=progress.rows,
+    )
+    columns = read_watched_columns(database, config.stream, dialect, read_at)
+    return run_snapshot(
+        sink,
+        progress,
+        columns,
+        functools.partial(read_table, database, chunk_rows=config.snapshot_chunk_rows),
+        SnapshotSettings(workers=config.snapshot_workers),
+        log,
+        stop,
+        on_tick=health.tick if health is not None else lambda: None,
+        on_commit=commits.count,
+    )

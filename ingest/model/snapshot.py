@@ -1,0 +1,89 @@
+"""The initial snapshot as plain values: what one chunk holds and how far each table has landed.
+
+A snapshot reads every captured table at exactly one timestamp T0 (the job's start minus one
+nanosecond, so the stream holds every change after T0 and none at or before it), in primary-key
+order. The progress a commit carries names, per table, the last key landed: a restarted job reads
+each table again from just after that key, so no row is lost or landed twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from ingest.model.records import ColumnType, JsonValue
+from ingest.model.timestamps import Nanos
+
+
+class SnapshotMode(Enum):
+    """Named as users know them from Debezium's ``snapshot.mode``."""
+
+    INITIAL = "initial"
+    """A new job snapshots its captured tables at T0, then streams from T0."""
+    NEVER = "never"
+    """A new job streams from its start; rows that exist before it never reach the mirrors."""
+    INITIAL_ONLY = "initial_only"
+    """Snapshot and stop; a later run of the job streams from T0."""
+
+
+Key = tuple[JsonValue, ...]
+"""A primary key as Spanner's wire encoding writes it (INT64 and BYTES as text, …), in key
+order: given back to a read as is, it binds to exactly the key it came from."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableProgress:
+    table: str
+    rows: int = 0
+    after_key: Key | None = None
+    """The last key landed; None: nothing landed yet."""
+    done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotProgress:
+    read_timestamp: Nanos
+    """T0: every table is read at exactly this timestamp."""
+    tables: tuple[TableProgress, ...]
+
+    @staticmethod
+    def begin(read_timestamp: Nanos, tables: list[str]) -> SnapshotProgress:
+        return SnapshotProgress(read_timestamp, tuple(TableProgress(t) for t in sorted(tables)))
+
+    @property
+    def complete(self) -> bool:
+        return all(t.done for t in self.tables)
+
+    @property
+    def rows(self) -> int:
+        return sum(t.rows for t in self.tables)
+
+    def table(self, name: str) -> TableProgress:
+        return next(t for t in self.tables if t.table == name)
+
+    def advanced(self, chunk: SnapshotChunk) -> SnapshotProgress:
+        """The progress once ``chunk`` has landed."""
+        tables = tuple(
+            replace(
+                t,
+                rows=t.rows + len(chunk.rows),
+                after_key=chunk.last_key if chunk.last_key is not None else t.after_key,
+                done=chunk.done,
+            )
+            if t.table == chunk.table
+            else t
+            for t in self.tables
+        )
+        return replace(self, tables=tables)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotChunk:
+    """Consecutive rows of one table in key order, each as (keys JSON, new values JSON)."""
+
+    table: str
+    column_types: tuple[ColumnType, ...]
+    rows: list[tuple[str, str]]
+    last_key: Key | None
+    done: bool
+    """The table's last rows: nothing follows ``last_key``."""

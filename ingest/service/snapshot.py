@@ -1,0 +1,162 @@
+"""Runs the initial snapshot: a bounded pool of table readers feeding one committer.
+
+Each worker streams one table at T0 in key order and hands chunks to a bounded queue, so memory
+holds at most ``workers + queue`` chunks whatever the tables' sizes. The committer (the calling
+thread, the job's only writer) lands every chunk with the progress it reaches in one Delta commit.
+A kill at any moment leaves the table at a committed progress; the next process reads each table
+again from just after its last landed key.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import structlog
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from ingest.changestream.retries import is_transient
+from ingest.delta.sink import DeltaChangeLogSink
+from ingest.model.records import ColumnType, WatchedColumns
+from ingest.model.snapshot import Key, SnapshotChunk, SnapshotProgress
+from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
+
+Logger = structlog.typing.FilteringBoundLogger
+ReadTable = Callable[[str, tuple[ColumnType, ...], Nanos, Key | None], Iterator[SnapshotChunk]]
+"""(table, columns, T0, after key) → the table's chunks in key order, the last one done."""
+
+
+class SnapshotOutOfReach(RuntimeError):
+    """T0 is older than the database keeps versions: the snapshot cannot be read consistently."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotSettings:
+    workers: int = 4
+    progress_interval_s: float = 10.0
+
+
+def check_reachable(read_timestamp: Nanos, now: Nanos, version_retention: Nanos) -> Nanos:
+    """The deadline by which the snapshot must be read; refused once T0 is out of reach."""
+    deadline = read_timestamp + version_retention
+    if now >= deadline:
+        raise SnapshotOutOfReach(
+            f"snapshot read timestamp {to_rfc3339(read_timestamp)} is older than the database's "
+            f"version_retention_period ({version_retention // NANOS_PER_SECOND} s): raise it "
+            "(ALTER DATABASE … SET OPTIONS (version_retention_period = '…')) before the next "
+            "snapshot, or start a new job with a new table or job id; nothing landed is lost"
+        )
+    return deadline
+
+
+class _Stopped(Exception):
+    pass
+
+
+def run_snapshot(
+    sink: DeltaChangeLogSink,
+    progress: SnapshotProgress,
+    columns: WatchedColumns,
+    read_table: ReadTable,
+    settings: SnapshotSettings,
+    log: Logger,
+    stop: threading.Event,
+    on_tick: Callable[[], None] = lambda: None,
+    on_commit: Callable[[], None] = lambda: None,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> SnapshotProgress:
+    """Land every table not done yet; the progress reached (complete unless stopped)."""
+    pending = [t.table for t in progress.tables if not t.done]
+    chunks: queue.Queue[SnapshotChunk | BaseException] = queue.Queue(maxsize=settings.workers)
+    halt = threading.Event()
+
+    def put(item: SnapshotChunk | BaseException) -> None:
+        while not (stop.is_set() or halt.is_set()):
+            try:
+                chunks.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    def read(table: str, after: Key | None) -> None:
+        retrying = Retrying(
+            retry=retry_if_exception(is_transient),
+            wait=wait_exponential_jitter(multiplier=0.1, max=10),
+            stop=stop_after_attempt(8),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    for chunk in read_table(table, columns[table], progress.read_timestamp, after):
+                        put(chunk)
+                        after = chunk.last_key if chunk.last_key is not None else after
+        except _Stopped:
+            return
+        except BaseException as error:  # handed to the committer, which stops the job
+            try:
+                put(error)
+            except _Stopped:
+                return
+
+    started, rows_before = monotonic(), progress.rows
+    last_report = started
+    remaining = len(pending)
+    with ThreadPoolExecutor(settings.workers, thread_name_prefix="snapshot") as pool:
+        for table in pending:
+            pool.submit(read, table, progress.table(table).after_key)
+        try:
+            while remaining and not stop.is_set():
+                on_tick()
+                try:
+                    first = chunks.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                batch = [first, *_drain(chunks)]
+                landed = [b for b in batch if isinstance(b, SnapshotChunk)]
+                for chunk in landed:
+                    progress = progress.advanced(chunk)
+                    remaining -= chunk.done
+                if landed:
+                    sink.commit_snapshot(landed, progress)
+                    on_commit()
+                errors = [b for b in batch if isinstance(b, BaseException)]
+                if errors:
+                    raise errors[0]
+                now = monotonic()
+                if now - last_report >= settings.progress_interval_s or not remaining:
+                    last_report = now
+                    _report(log, progress, progress.rows - rows_before, now - started)
+        finally:
+            halt.set()
+    return progress
+
+
+def _drain(
+    chunks: queue.Queue[SnapshotChunk | BaseException],
+) -> list[SnapshotChunk | BaseException]:
+    drained: list[SnapshotChunk | BaseException] = []
+    while True:
+        try:
+            drained.append(chunks.get_nowait())
+        except queue.Empty:
+            return drained
+
+
+def _report(log: Logger, progress: SnapshotProgress, rows_now: int, elapsed: float) -> None:
+    """Rows and tables landed, and this process's rate (the tables' sizes are not known ahead:
+    counting them would cost another read of every table)."""
+    log.info(
+        "snapshot_progress",
+        read_timestamp=to_rfc3339(progress.read_timestamp),
+        tables_done=sum(t.done for t in progress.tables),
+        tables=len(progress.tables),
+        rows=progress.rows,
+        rows_per_second=round(rows_now / elapsed, 1) if elapsed > 0 else None,
+        complete=progress.complete,
+    )

@@ -1,0 +1,80 @@
+"""Reads one table at exactly T0 in primary-key order, as change-log rows in Spanner's wire
+encoding.
+
+A streaming Read (not a partitioned query) because its order is the key order: the last key
+landed is a resume position that stays valid in any later process, whereas partition tokens die
+with the batch transaction that made them. Values are taken undecoded (``lazy_decode``) and kept in
+the wire encoding change records use (INT64 and BYTES as text, …), so the pipeline reads a snapshot
+row exactly as it reads a change record, and a key given back to ``KeyRange.start_open`` binds to
+the same key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from google.cloud.spanner_v1 import KeyRange, KeySet
+from google.cloud.spanner_v1.database import Database
+from google.protobuf import struct_pb2
+
+from ingest.model.encoding import canonical_json
+from ingest.model.records import ColumnType, JsonValue
+from ingest.model.snapshot import Key, SnapshotChunk
+from ingest.model.timestamps import Nanos, to_datetime
+
+
+def wire_json(value: struct_pb2.Value) -> JsonValue:
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "number_value":
+        return value.number_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "list_value":
+        return [wire_json(v) for v in value.list_value.values]
+    if kind == "struct_value":
+        return {k: wire_json(v) for k, v in value.struct_value.fields.items()}
+    return None
+
+
+def read_table(
+    database: Database,
+    table: str,
+    column_types: tuple[ColumnType, ...],
+    read_timestamp: Nanos,
+    after_key: Key | None,
+    chunk_rows: int,
+) -> Iterator[SnapshotChunk]:
+    """The table's rows after ``after_key`` (all of them for None) as of exactly
+    ``read_timestamp``, in chunks of ``chunk_rows``; the last chunk is marked done (it may be
+    empty)."""
+    keys = [c for c in column_types if c.is_primary_key]
+    values = [c for c in column_types if not c.is_primary_key]
+    columns = [c.name for c in keys] + [c.name for c in values]
+    key_set = (
+        KeySet(all_=True)
+        if after_key is None
+        else KeySet(ranges=[KeyRange(start_open=list(after_key), end_closed=[])])
+    )
+    rows: list[tuple[str, str]] = []
+    last_key: Key | None = None
+    width = len(keys)
+    with database.snapshot(read_timestamp=to_datetime(read_timestamp)) as snapshot:
+        result: Any = snapshot.read(table, columns, key_set, lazy_decode=True)
+        for row in result:
+            decoded = [wire_json(v) for v in row]
+            last_key = tuple(decoded[:width])
+            rows.append(
+                (
+                    canonical_json({c.name: v for c, v in zip(keys, last_key, strict=True)}),
+                    canonical_json(
+                        {c.name: v for c, v in zip(values, decoded[width:], strict=True)}
+                    ),
+                )
+            )
+            if len(rows) == chunk_rows:
+                yield SnapshotChunk(table, column_types, rows, last_key, done=False)
+                rows = []
+    yield SnapshotChunk(table, column_types, rows, last_key, done=True)

@@ -1,0 +1,267 @@
+"""The initial snapshot on the real emulator: a database that already holds rows is mirrored from
+one consistent timestamp T0, then from the stream after it, through kill -9 of the ingest service.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+from google.protobuf import timestamp_pb2
+
+from emulator.verify import changelog_watermark, compare_mirrors
+from emulator.workload import load_existing_rows
+from ingest.delta.changelog import CHECKPOINT_KEY, SNAPSHOT_ROW, Checkpoint, from_json
+from ingest.delta.sink import DeltaChangeLogSink
+from ingest.model.snapshot import SnapshotProgress
+from ingest.model.timestamps import NANOS_PER_SECOND, to_rfc3339
+from pipeline.catalog import discover_shapes
+from tests.delta_checks import assert_change_log_invariants
+from tests.processes import Pipeline, Service, background_workload, wait_until_landed
+
+KEYS = {
+    "accounts": ["account_id"],
+    "transfers": ["from_account_id", "transfer_id"],
+    "all_types": ["id", "variant"],
+}
+
+
+def snapshot_rows(table: Path) -> list[dict[str, Any]]:
+    dataset = DeltaTable(str(table)).to_pyarrow_dataset()
+    return dataset.to_table(
+        columns=["table_name", "keys", "new_values", "commit_timestamp_text", "column_types"],
+        filter=pc.field("mod_type") == SNAPSHOT_ROW,
+    ).to_pylist()
+
+
+def latest_checkpoint(table: Path) -> Checkpoint | None:
+    if not (table / "_delta_log").exists():
+        return None
+    for commit in DeltaTable(str(table)).history():
+        if CHECKPOINT_KEY in commit:
+            return from_json(commit[CHECKPOINT_KEY])
+    return None
+
+
+def spanner_keys(database: Any, table: str, read_timestamp: int, dialect: str) -> Counter:
+    """Every key of the table at exactly ``read_timestamp``, as the change log writes it."""
+    seconds, nanos = divmod(read_timestamp, NANOS_PER_SECOND)
+    quote = '"' if dialect == "postgresql" else "`"
+    columns = ", ".join(f"{quote}{k}{quote}" for k in KEYS[table])
+    with database.snapshot(
+        read_timestamp=timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos)
+    ) as snapshot:
+        rows = snapshot.execute_sql(f"SELECT {columns} FROM {table}")
+        return Counter(
+            json.dumps(dict(zip(KEYS[table], map(str, row), strict=True)), sort_keys=True)
+            for row in rows
+        )
+
+
+def landed_keys(rows: list[dict[str, Any]], table: str) -> Counter:
+    return Counter(
+        json.dumps({k: str(v) for k, v in json.loads(r["keys"]).items()}, sort_keys=True)
+        for r in rows
+        if r["table_name"] == table
+    )
+
+
+@pytest.mark.emulator
+def test_an_existing_database_is_mirrored_from_one_timestamp_through_kill_9(
+    new_database, tmp_path: Path
+) -> None:
+    seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
+    rng = random.Random(seed)
+    database = new_database("googlesql", accounts=40_000)
+    load_existing_rows(database, accounts=40_000, transfers=40_000, all_types=20_000, seed=seed)
+    changelog = tmp_path / "changelog"
+    service = Service(
+        database.database_id,
+        changelog,
+        tmp_path / "ingest.log",
+        None,
+        INGEST_SNAPSHOT_MODE="initial",
+        INGEST_SNAPSHOT_CHUNK_ROWS="1000",
+        INGEST_SNAPSHOT_WORKERS="2",
+    )
+    workload, stop_workload, committed = background_workload(database, 600, 20, seed)
+    kills_during_snapshot = 0
+    try:
+        process = service.start()
+        while True:
+            started = service.count("snapshot_started")
+            service.wait_for("snapshot_started", started + 1, timeout=90, process=process)
+            time.sleep(rng.uniform(0.1, 1.2))
+            process.kill()
+            process.wait()
+            checkpoint = latest_checkpoint(changelog)
+            assert checkpoint is not None and checkpoint.snapshot is not None
+            if checkpoint.snapshot.complete:
+                break
+            kills_during_snapshot += 1
+            process = service.start()
+            if kills_during_snapshot == 6:
+                break
+        process = service.start() if process.poll() is not None else process
+        service.wait_for("ingest_started", 1, timeout=300, process=process)
+        time.sleep(3)
+    finally:
+        stop_workload.set()
+        workload.join()
+    try:
+        checkpoint = latest_checkpoint(changelog)
+        assert checkpoint is not None and checkpoint.snapshot is not None
+        read_at = checkpoint.snapshot.read_timestamp
+        expected = [t for t in committed if t.commit_timestamp > read_at]
+        wait_until_landed(changelog, len(expected), timeout=180)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        process.kill()
+
+    assert kills_during_snapshot >= 5, f"seed {seed}: only {kills_during_snapshot} kills in time"
+    rows = snapshot_rows(changelog)
+    assert {r["commit_timestamp_text"] for r in rows} == {to_rfc3339(read_at)}
+    for table in KEYS:
+        landed = landed_keys(rows, table)
+        assert max(landed.values()) == 1, f"seed {seed}: a {table} row landed twice"
+        assert landed == spanner_keys(database, table, read_at, "googlesql"), (
+            f"seed {seed}: {table} snapshot differs from Spanner at T0"
+        )
+    assert len(rows) >= 100_000
+    # Every transaction after T0 once, none at or before it, all after every snapshot row.
+    assert_change_log_invariants(changelog, expected)
+
+    pipeline = Pipeline(changelog, tmp_path, tmp_path / "pipeline.log")
+    catch_up = pipeline.start("--trigger", "available-now")
+    assert catch_up.wait(timeout=600) == 0, pipeline.log.read_text()[-3000:]
+    watermark = changelog_watermark(str(changelog))
+    assert watermark is not None
+    shapes = discover_shapes(str(changelog))
+    comparisons = compare_mirrors(
+        database, str(tmp_path / "mirrors"), shapes, watermark.low_watermark, timestamp_digits=0
+    )
+    assert all(c.equal for c in comparisons), f"seed {seed}: " + "; ".join(
+        c.describe() for c in comparisons
+    )
+
+
+def run_to_exit(service: Service, timeout: float = 180) -> tuple[int, str]:
+    """Start the service, wait for it to exit; its exit code and the log's last lines."""
+    process = service.start()
+    try:
+        code = process.wait(timeout=timeout)
+    finally:
+        process.kill()
+    return code, service.log.read_text(errors="replace")[-2000:]
+
+
+@pytest.mark.emulator
+def test_postgresql_initial_snapshot_meets_the_stream_and_a_subset_stream_reads_only_its_columns(
+    new_database, tmp_path: Path
+) -> None:
+    database = new_database("postgresql", accounts=500)
+    load_existing_rows(database, accounts=500, transfers=300, all_types=200, seed=7)
+    workload, stop_workload, committed = background_workload(database, 600, 10, 7)
+    changelog = tmp_path / "changelog"
+    service = Service(
+        database.database_id,
+        changelog,
+        tmp_path / "ingest.log",
+        None,
+        INGEST_SNAPSHOT_MODE="initial",
+        INGEST_SNAPSHOT_CHUNK_ROWS="128",
+    )
+    try:
+        process = service.start()
+        service.wait_for("ingest_started", 1, timeout=120, process=process)
+        service.wait_for("delta_commit", 3, timeout=60, process=process)
+    finally:
+        stop_workload.set()
+        workload.join()
+    try:
+        checkpoint = latest_checkpoint(changelog)
+        assert checkpoint is not None and checkpoint.snapshot is not None
+        read_at = checkpoint.snapshot.read_timestamp
+        expected = [t for t in committed if t.commit_timestamp > read_at]
+        wait_until_landed(changelog, len(expected), timeout=120)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        process.kill()
+    rows = snapshot_rows(changelog)
+    for table in KEYS:
+        landed = landed_keys(rows, table)
+        assert landed == spanner_keys(database, table, read_at, "postgresql"), table
+    assert_change_log_invariants(changelog, expected)
+
+    # A stream on one column of one table: only that table, its key and that column.
+    subset = tmp_path / "subset"
+    only = Service(
+        database.database_id,
+        subset,
+        tmp_path / "subset.log",
+        None,
+        SPANNER_CHANGE_STREAM="account_balances",
+        INGEST_SNAPSHOT_MODE="initial_only",
+    )
+    code, log = run_to_exit(only)
+    assert code == 0, log
+    rows = snapshot_rows(subset)
+    assert {r["table_name"] for r in rows} == {"accounts"}
+    assert len(rows) == 500
+    assert all(set(json.loads(r["new_values"])) == {"balance"} for r in rows)
+    assert all(set(json.loads(r["keys"])) == {"account_id"} for r in rows)
+    final = latest_checkpoint(subset)
+    assert final is not None and final.consistent and final.snapshot is not None
+    code, log = run_to_exit(only)
+    assert code == 0 and len(snapshot_rows(subset)) == 500, "a finished snapshot is not taken again"
+
+
+@pytest.mark.emulator
+def test_a_snapshot_out_of_the_version_retention_stops_with_one_line_and_lands_nothing(
+    new_database, tmp_path: Path
+) -> None:
+    database = new_database("googlesql", accounts=10)
+    two_hours_ago = time.time_ns() - 2 * 3600 * NANOS_PER_SECOND
+    changelog = tmp_path / "changelog"
+    service = Service(
+        database.database_id,
+        changelog,
+        tmp_path / "ingest.log",
+        two_hours_ago,
+        INGEST_SNAPSHOT_MODE="initial",
+    )
+    result = subprocess.run(
+        service.command(), env=service.env, capture_output=True, text=True, timeout=120
+    )
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr[-2000:]
+    assert "version_retention_period" in errors[0]
+    assert not changelog.exists(), "a refused start lands nothing"
+
+    # A job whose snapshot began two hours ago (its first commit, as a killed job leaves it).
+    job_id = f"{database.database_id}.all_changes"
+    sink = DeltaChangeLogSink(str(changelog), job_id, "an-earlier-process")
+    sink.continue_after(None)
+    sink.start_job(two_hours_ago, SnapshotProgress.begin(two_hours_ago - 1, ["accounts"]))
+    before = DeltaTable(str(changelog)).version()
+    service.env.pop("INGEST_START_TIMESTAMP")
+    service.env["INGEST_LEASE_S"] = "2"
+    result = subprocess.run(
+        service.command(), env=service.env, capture_output=True, text=True, timeout=120
+    )
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr[-2000:]
+    assert "version_retention_period" in errors[0] and "new job" in errors[0]
+    assert DeltaTable(str(changelog)).version() == before, "nothing landed, nothing lost"
