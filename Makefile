@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv jars test lint run bench-reader bench-ingest bench-pipeline clean
+.PHONY: venv jars test lint run bench-reader bench-ingest bench-pipeline bench-snapshot clean
 
 venv: $(STAMP)
 
@@ -25,7 +25,7 @@ jars: .jars/.fetched
 test: venv jars
 	$(PY) -m ruff check ingest pipeline emulator tests bench
 	$(PY) -m mypy
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile --durations=15
 
 lint: venv
 	$(PY) -m ruff check ingest pipeline emulator tests bench
@@ -46,6 +46,9 @@ bench-ingest: venv
 
 bench-pipeline: venv jars
 	$(PY) bench/pipeline_throughput.py
+
+bench-snapshot: venv jars
+	$(PY) bench/snapshot_throughput.py
 
 clean:
 	rm -rf $(VENV) .jars .pytest_cache .hypothesis build *.egg-info
