@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from google.protobuf import timestamp_pb2
 
 from emulator.verify import changelog_watermark, compare_mirrors
-from emulator.workload import load_existing_rows
+from emulator.workload import CommittedTransaction, load_existing_rows
 from ingest.delta.changelog import CHECKPOINT_KEY, SNAPSHOT_ROW, Checkpoint, from_json
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.snapshot import SnapshotProgress
@@ -76,6 +76,23 @@ def landed_keys(rows: list[dict[str, Any]], table: str) -> Counter:
     )
 
 
+def stop_once_landed(
+    process: subprocess.Popen[bytes], changelog: Path, committed: list[CommittedTransaction]
+) -> tuple[int, list[CommittedTransaction]]:
+    """T0 and the transactions after it, once all have landed and the service has stopped."""
+    try:
+        checkpoint = latest_checkpoint(changelog)
+        assert checkpoint is not None and checkpoint.snapshot is not None
+        read_at = checkpoint.snapshot.read_timestamp
+        expected = [t for t in committed if t.commit_timestamp > read_at]
+        wait_until_landed(changelog, len(expected), timeout=180)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        process.kill()
+    return read_at, expected
+
+
 @pytest.mark.emulator
 def test_an_existing_database_is_mirrored_from_one_timestamp_through_kill_9(
     new_database, tmp_path: Path
@@ -114,20 +131,11 @@ def test_an_existing_database_is_mirrored_from_one_timestamp_through_kill_9(
                 break
         process = service.start() if process.poll() is not None else process
         service.wait_for("ingest_started", 1, timeout=300, process=process)
-        time.sleep(3)
+        service.wait_for("delta_commit", 3, timeout=60, process=process)
     finally:
         stop_workload.set()
         workload.join()
-    try:
-        checkpoint = latest_checkpoint(changelog)
-        assert checkpoint is not None and checkpoint.snapshot is not None
-        read_at = checkpoint.snapshot.read_timestamp
-        expected = [t for t in committed if t.commit_timestamp > read_at]
-        wait_until_landed(changelog, len(expected), timeout=180)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
-    finally:
-        process.kill()
+    read_at, expected = stop_once_landed(process, changelog, committed)
 
     assert kills_during_snapshot >= 5, f"seed {seed}: only {kills_during_snapshot} kills in time"
     rows = snapshot_rows(changelog)
@@ -189,16 +197,7 @@ def test_postgresql_initial_snapshot_meets_the_stream_and_a_subset_stream_reads_
     finally:
         stop_workload.set()
         workload.join()
-    try:
-        checkpoint = latest_checkpoint(changelog)
-        assert checkpoint is not None and checkpoint.snapshot is not None
-        read_at = checkpoint.snapshot.read_timestamp
-        expected = [t for t in committed if t.commit_timestamp > read_at]
-        wait_until_landed(changelog, len(expected), timeout=120)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
-    finally:
-        process.kill()
+    read_at, expected = stop_once_landed(process, changelog, committed)
     rows = snapshot_rows(changelog)
     for table in KEYS:
         landed = landed_keys(rows, table)
