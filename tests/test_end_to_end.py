@@ -73,7 +73,7 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
     ingest_process = ingest.start()
     running = pipeline.start()
     try:
-        pipeline.wait_for("pipeline_batch", 1, timeout=120, process=running)
+        pipeline.wait_for("pipeline_batch", 1, timeout=300, process=running)
         workload, _, committed = background_workload(database, 45, 10, seed, **ALL_KINDS)
         time.sleep(rng.uniform(2, 6))
         add_column(database, "ALTER TABLE accounts ADD COLUMN nickname STRING(MAX)")
@@ -86,13 +86,13 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
             where=lambda e: "nickname" in e["guarded_fields"].get("row_accounts", ()),
         )
         batches = pipeline.count("pipeline_batch")
-        pipeline.wait_for("pipeline_batch", batches + 1, timeout=120, process=running)
+        pipeline.wait_for("pipeline_batch", batches + 1, timeout=300, process=running)
         time.sleep(rng.uniform(0, 3))
         running.kill()
         running.wait()
         starts = pipeline.count("pipeline_query_started")
         running = pipeline.start()
-        pipeline.wait_for("pipeline_query_started", starts + 1, timeout=120, process=running)
+        pipeline.wait_for("pipeline_query_started", starts + 1, timeout=300, process=running)
         name_accounts(database, range(10, 20))
         workload.join()
         own = 3  # the seed and the two naming transactions, not in the workload's list
