@@ -161,6 +161,25 @@ def test_bad_configuration_is_one_line_and_exit_2(variable: str, value: str, tex
 
 
 @pytest.mark.emulator
+def test_a_start_before_the_change_stream_existed_is_refused_before_anything_lands(
+    new_database, tmp_path: Path
+) -> None:
+    before_the_stream = time.time_ns()
+    database = new_database("googlesql", accounts=0)
+    table = tmp_path / "changelog"
+    service = Service(database.database_id, table, tmp_path / "ingest.log", before_the_stream)
+    result = subprocess.run(
+        service.command(), env=service.env, capture_output=True, text=True, timeout=60
+    )
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(errors) == 1 and result.stderr.strip().splitlines()[-1] == errors[0]
+    assert "is before change stream all_changes can be read" in errors[0], errors[0]
+    assert "earliest readable" in errors[0], errors[0]
+    assert not table.exists(), "nothing may be recorded for a start that cannot be read"
+
+
+@pytest.mark.emulator
 def test_connections_cut_at_random_lose_and_duplicate_nothing(
     new_database, tmp_path: Path, spanner_emulator: str
 ) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from google.api_core import exceptions as api_exceptions
 from google.cloud.spanner_v1 import param_types
 from google.cloud.spanner_v1.database import Database
 
@@ -25,6 +26,8 @@ DEFAULT_RETENTION_NANOS = 24 * 3600 * NANOS_PER_SECOND
 _STREAM_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 _RETENTION = re.compile(r"^(\d+)([smhd])$")
 _RETENTION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_TOO_FAR_IN_THE_PAST = "too far in the past"
+_EARLIEST = re.compile(r"earliest read timestamp: (\S+?)\.? ")
 
 
 class Dialect(enum.Enum):
@@ -172,6 +175,23 @@ class ChangeStreamQuery:
     stream: str
     dialect: Dialect
     heartbeat_ms: int
+
+    def check_readable_from(self, start: Nanos) -> None:
+        """Refuse a start the stream cannot be read from (before the stream was created):
+        Spanner says so only when a query runs, so one is run over the empty window at ``start``
+        before anything is recorded, rather than the job failing once it reads."""
+        try:
+            for _ in self.read(None, start, start):
+                pass
+        except (api_exceptions.OutOfRange, api_exceptions.InvalidArgument) as error:
+            if _TOO_FAR_IN_THE_PAST not in str(error):
+                raise
+            earliest = _EARLIEST.search(str(error))
+            raise ChangeStreamRequestError(
+                f"start timestamp {to_rfc3339(start)} is before change stream {self.stream} can "
+                "be read (it did not exist yet)"
+                + (f": earliest readable {earliest.group(1)}" if earliest else "")
+            ) from None
 
     def read(
         self, partition_token: str | None, start: Nanos, end: Nanos | None

@@ -60,6 +60,9 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
     snapshot: SnapshotProgress | None
     if checkpoint is None:
         start = query.validate_start(config.start_timestamp or now, now, info)
+        query.ChangeStreamQuery(
+            database, config.stream, dialect, config.heartbeat_ms
+        ).check_readable_from(start)
         resume = start_point(start)
         snapshot = None
         if mode is not SnapshotMode.NEVER:
