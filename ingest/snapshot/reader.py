@@ -7,6 +7,11 @@ with the batch transaction that made them. Values are taken undecoded (``lazy_de
 the wire encoding change records use (INT64 and BYTES as text, …), so the pipeline reads a snapshot
 row exactly as it reads a change record, and a key given back to ``KeyRange.start_open`` binds to
 the same key.
+
+Each read asks for at most ``range_rows`` rows (Spanner's ``limit``) and the next one starts just
+after the last key: the client receives a whole read ahead of its consumer (on the emulator a
+table's read alone rose to 453 MiB for 600,000 rows), so memory is bounded by the range, not the
+table.
 """
 
 from __future__ import annotations
@@ -46,35 +51,42 @@ def read_table(
     read_timestamp: Nanos,
     after_key: Key | None,
     chunk_rows: int,
+    range_rows: int | None = None,
 ) -> Iterator[SnapshotChunk]:
     """The table's rows after ``after_key`` (all of them for None) as of exactly
     ``read_timestamp``, in chunks of ``chunk_rows``; the last chunk is marked done (it may be
-    empty)."""
+    empty). Reads ``range_rows`` rows at a time (five chunks unless told)."""
     keys = [c for c in column_types if c.is_primary_key]
     values = [c for c in column_types if not c.is_primary_key]
     columns = [c.name for c in keys] + [c.name for c in values]
-    key_set = (
-        KeySet(all_=True)
-        if after_key is None
-        else KeySet(ranges=[KeyRange(start_open=list(after_key), end_closed=[])])
-    )
+    limit = range_rows or 5 * chunk_rows
     rows: list[tuple[str, str]] = []
-    last_key: Key | None = None
+    last_key = after_key
     width = len(keys)
-    with database.snapshot(read_timestamp=to_datetime(read_timestamp)) as snapshot:
-        result: Any = snapshot.read(table, columns, key_set, lazy_decode=True)
-        for row in result:
-            decoded = [wire_json(v) for v in row]
-            last_key = tuple(decoded[:width])
-            rows.append(
-                (
-                    canonical_json({c.name: v for c, v in zip(keys, last_key, strict=True)}),
-                    canonical_json(
-                        {c.name: v for c, v in zip(values, decoded[width:], strict=True)}
-                    ),
-                )
+    with database.snapshot(read_timestamp=to_datetime(read_timestamp), multi_use=True) as snapshot:
+        while True:
+            key_set = (
+                KeySet(all_=True)
+                if last_key is None
+                else KeySet(ranges=[KeyRange(start_open=list(last_key), end_closed=[])])
             )
-            if len(rows) == chunk_rows:
-                yield SnapshotChunk(table, column_types, rows, last_key, done=False)
-                rows = []
+            result: Any = snapshot.read(table, columns, key_set, limit=limit, lazy_decode=True)
+            read = 0
+            for row in result:
+                read += 1
+                decoded = [wire_json(v) for v in row]
+                last_key = tuple(decoded[:width])
+                rows.append(
+                    (
+                        canonical_json({c.name: v for c, v in zip(keys, last_key, strict=True)}),
+                        canonical_json(
+                            {c.name: v for c, v in zip(values, decoded[width:], strict=True)}
+                        ),
+                    )
+                )
+                if len(rows) == chunk_rows:
+                    yield SnapshotChunk(table, column_types, rows, last_key, done=False)
+                    rows = []
+            if read < limit:
+                break
     yield SnapshotChunk(table, column_types, rows, last_key, done=True)
