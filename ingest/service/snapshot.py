@@ -1,10 +1,10 @@
-"""Runs the initial snapshot: a bounded pool of table readers feeding one committer.
+"""Runs a snapshot: a bounded pool of table readers feeding one committer.
 
-Each worker streams one table at T0 in key order and hands chunks to a bounded queue, so memory
-holds at most ``workers + queue`` chunks whatever the tables' sizes. The committer (the calling
-thread, the job's only writer) lands every chunk with the progress it reaches in one Delta commit.
-A kill at any moment leaves the table at a committed progress; the next process reads each table
-again from just after its last landed key.
+Each worker streams one table at T0 in key order and hands chunks to a bounded queue, so the
+product holds at most ``workers + queue`` chunks whatever the tables' sizes. The committer (the
+calling thread, the job's only writer) lands every chunk with the progress it reaches in one Delta
+commit. A kill at any moment leaves the table at a committed progress; the next process reads each
+table again from just after its last landed key.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import structlog
+from google.api_core import exceptions as api_exceptions
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from ingest.changestream.retries import is_transient
@@ -57,6 +58,100 @@ class _Stopped(Exception):
     pass
 
 
+def _worth_reading_again(error: BaseException) -> bool:
+    """Transient errors, and a read whose single-use transaction the server lost: the emulator
+    answers concurrent reads on one multiplexed session (the client's default) with NOT_FOUND
+    "Transaction not found" (emulator/NOTES.md). A table is read again from its last key handed
+    over, at the same timestamp, so nothing is lost or doubled."""
+    return is_transient(error) or (
+        isinstance(error, api_exceptions.NotFound) and "Transaction not found" in str(error)
+    )
+
+
+class SnapshotReaders:
+    """A bounded pool of table readers at one timestamp feeding one bounded queue.
+
+    Each table is read from just after its last landed key; a transient error is retried from
+    the last key handed over, any other error is handed to the committer, which stops the job.
+    """
+
+    def __init__(
+        self,
+        progress: SnapshotProgress,
+        columns: WatchedColumns,
+        read_table: ReadTable,
+        workers: int,
+        stop: threading.Event,
+    ) -> None:
+        self._chunks: queue.Queue[SnapshotChunk | BaseException] = queue.Queue(maxsize=workers)
+        self._stop = stop
+        self._halt = threading.Event()
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="snapshot")
+        for table in (t for t in progress.tables if not t.done):
+            self._pool.submit(
+                self._read, read_table, table.table, columns[table.table], progress, table.after_key
+            )
+
+    def _put(self, item: SnapshotChunk | BaseException) -> None:
+        while not (self._stop.is_set() or self._halt.is_set()):
+            try:
+                self._chunks.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    def _read(
+        self,
+        read_table: ReadTable,
+        table: str,
+        columns: tuple[ColumnType, ...],
+        progress: SnapshotProgress,
+        after: Key | None,
+    ) -> None:
+        retrying = Retrying(
+            retry=retry_if_exception(_worth_reading_again),
+            wait=wait_exponential_jitter(multiplier=0.1, max=10),
+            stop=stop_after_attempt(8),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    for chunk in read_table(table, columns, progress.read_timestamp, after):
+                        self._put(chunk)
+                        after = chunk.last_key if chunk.last_key is not None else after
+        except _Stopped:
+            return
+        except BaseException as error:  # handed to the committer, which stops the job
+            try:
+                self._put(error)
+            except _Stopped:
+                return
+
+    def ready(self) -> bool:
+        return not self._chunks.empty()
+
+    def get(self, timeout: float) -> list[SnapshotChunk]:
+        """The chunks ready now, waiting up to ``timeout`` for the first; a reader's error is
+        raised here, in the committer."""
+        try:
+            batch = [
+                self._chunks.get(timeout=timeout) if timeout > 0 else self._chunks.get_nowait()
+            ]
+        except queue.Empty:
+            return []
+        batch += _drain(self._chunks)
+        errors = [b for b in batch if isinstance(b, BaseException)]
+        if errors:
+            raise errors[0]
+        return [b for b in batch if isinstance(b, SnapshotChunk)]
+
+    def close(self) -> None:
+        self._halt.set()
+        self._pool.shutdown(wait=True)
+
+
 def run_snapshot(
     sink: DeltaChangeLogSink,
     progress: SnapshotProgress,
@@ -70,70 +165,27 @@ def run_snapshot(
     monotonic: Callable[[], float] = time.monotonic,
 ) -> SnapshotProgress:
     """Land every table not done yet; the progress reached (complete unless stopped)."""
-    pending = [t.table for t in progress.tables if not t.done]
-    chunks: queue.Queue[SnapshotChunk | BaseException] = queue.Queue(maxsize=settings.workers)
-    halt = threading.Event()
-
-    def put(item: SnapshotChunk | BaseException) -> None:
-        while not (stop.is_set() or halt.is_set()):
-            try:
-                chunks.put(item, timeout=0.2)
-                return
-            except queue.Full:
-                continue
-        raise _Stopped
-
-    def read(table: str, after: Key | None) -> None:
-        retrying = Retrying(
-            retry=retry_if_exception(is_transient),
-            wait=wait_exponential_jitter(multiplier=0.1, max=10),
-            stop=stop_after_attempt(8),
-            reraise=True,
-        )
-        try:
-            for attempt in retrying:
-                with attempt:
-                    for chunk in read_table(table, columns[table], progress.read_timestamp, after):
-                        put(chunk)
-                        after = chunk.last_key if chunk.last_key is not None else after
-        except _Stopped:
-            return
-        except BaseException as error:  # handed to the committer, which stops the job
-            try:
-                put(error)
-            except _Stopped:
-                return
-
     started, rows_before = monotonic(), progress.rows
     last_report = started
-    remaining = len(pending)
-    with ThreadPoolExecutor(settings.workers, thread_name_prefix="snapshot") as pool:
-        for table in pending:
-            pool.submit(read, table, progress.table(table).after_key)
-        try:
-            while remaining and not stop.is_set():
-                on_tick()
-                try:
-                    first = chunks.get(timeout=0.2)
-                except queue.Empty:
-                    continue
-                batch = [first, *_drain(chunks)]
-                landed = [b for b in batch if isinstance(b, SnapshotChunk)]
-                for chunk in landed:
-                    progress = progress.advanced(chunk)
-                    remaining -= chunk.done
-                if landed:
-                    sink.commit_snapshot(landed, progress)
-                    on_commit()
-                errors = [b for b in batch if isinstance(b, BaseException)]
-                if errors:
-                    raise errors[0]
-                now = monotonic()
-                if now - last_report >= settings.progress_interval_s or not remaining:
-                    last_report = now
-                    _report(log, progress, progress.rows - rows_before, now - started)
-        finally:
-            halt.set()
+    readers = SnapshotReaders(progress, columns, read_table, settings.workers, stop)
+    try:
+        while not progress.complete and not stop.is_set():
+            on_tick()
+            landed = readers.get(timeout=0.2)
+            if not landed:
+                continue
+            for chunk in landed:
+                progress = progress.advanced(chunk)
+            sink.commit_snapshot(landed, progress)
+            on_commit()
+            now = monotonic()
+            if now - last_report >= settings.progress_interval_s or progress.complete:
+                last_report = now
+                report(
+                    log, "snapshot_progress", progress, progress.rows - rows_before, now - started
+                )
+    finally:
+        readers.close()
     return progress
 
 
@@ -148,11 +200,13 @@ def _drain(
             return drained
 
 
-def _report(log: Logger, progress: SnapshotProgress, rows_now: int, elapsed: float) -> None:
+def report(
+    log: Logger, event: str, progress: SnapshotProgress, rows_now: int, elapsed: float
+) -> None:
     """Rows and tables landed, and this process's rate (the tables' sizes are not known ahead:
     counting them would cost another read of every table)."""
     log.info(
-        "snapshot_progress",
+        event,
         read_timestamp=to_rfc3339(progress.read_timestamp),
         tables_done=sum(t.done for t in progress.tables),
         tables=len(progress.tables),
