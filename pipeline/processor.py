@@ -20,6 +20,7 @@ from pyspark.sql import Row
 from pyspark.sql import types as T
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
+from ingest.delta.changelog import DELETES, SNAPSHOT_DELETE, SNAPSHOT_ROW
 from ingest.model.records import ColumnType, sequence_key
 from pipeline.state.variables import CHANGE_STATS, LAST_APPLIED, TOMBSTONE, row_variable
 from pipeline.types import (
@@ -146,7 +147,7 @@ class ChangeApplier(StatefulProcessor):
                 raise SourceSchemaChanged(
                     f"{SOURCE_SCHEMA_CHANGED}: table {table!r} has new or retyped columns"
                 )
-            deleted = row["mod_type"] == "DELETE"
+            deleted = row["mod_type"] in DELETES
             try:
                 image = None if deleted else self._apply(shape, image, columns, row)
             except _ValueError as error:
@@ -313,9 +314,13 @@ def _read(state: Any, schema: T.StructType) -> dict[str, Any] | None:
 
 def _count(stats: dict[str, Any], row: Row) -> dict[str, Any]:
     stats = dict(stats)
-    field = {"INSERT": "inserts", "SNAPSHOT": "inserts", "UPDATE": "updates", "DELETE": "deletes"}[
-        row["mod_type"]
-    ]
+    field = {
+        "INSERT": "inserts",
+        SNAPSHOT_ROW: "inserts",
+        "UPDATE": "updates",
+        "DELETE": "deletes",
+        SNAPSHOT_DELETE: "deletes",
+    }[row["mod_type"]]
     stats[field] = (stats[field] or 0) + 1
     when = row["commit_timestamp"]
     if isinstance(when, dt.datetime):

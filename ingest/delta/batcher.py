@@ -6,11 +6,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
 
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import Transaction, WatchedColumns
+from ingest.model.snapshot import SnapshotChunk
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 from ingest.rules.resume import Release, ResumePoint
 
@@ -18,6 +20,16 @@ Logger = structlog.typing.FilteringBoundLogger
 
 STALE_READ_LIMIT_NANOS = 55 * 60 * NANOS_PER_SECOND
 """Spanner keeps old versions one hour by default: older watermarks are not read for schema."""
+
+
+class Riders(Protocol):
+    """Work that rides on the stream's commits (an on-demand table snapshot)."""
+
+    def due(self) -> bool: ...
+
+    def before_commit(self, low_watermark: Nanos) -> tuple[list[SnapshotChunk], bool]: ...
+
+    def after_commit(self) -> None: ...
 
 
 @dataclass
@@ -43,6 +55,7 @@ class Batcher:
     wall_clock: Callable[[], Nanos] = time.time_ns
     watched_columns: Callable[[Nanos], WatchedColumns] | None = None
     watched_interval_s: float = 10.0
+    riders: Riders | None = None
     watched_landed: WatchedColumns = field(default_factory=dict)
     watched_read_at: float | None = None
     pending: list[Transaction] = field(default_factory=list)
@@ -69,7 +82,8 @@ class Batcher:
             self.pending_since is not None and now - self.pending_since >= self.flush_latency_s
         )
         checkpoint_due = now - self.last_commit_at >= self.checkpoint_interval_s
-        if batch_due or checkpoint_due:
+        riders_due = self.riders is not None and self.riders.due()
+        if batch_due or checkpoint_due or riders_due:
             self.flush(self._watched_changes(now))
 
     def _watched_changes(self, now: float) -> WatchedColumns:
@@ -90,11 +104,21 @@ class Batcher:
 
     def flush(self, watched: WatchedColumns | None = None) -> None:
         point = self.resume_point
-        if point is None or (
-            not self.pending and not watched and point.low_watermark == self.committed_watermark
+        if point is None:
+            return
+        chunks, riders_due = (
+            self.riders.before_commit(point.low_watermark) if self.riders else ([], False)
+        )
+        if (
+            not self.pending
+            and not watched
+            and not riders_due
+            and point.low_watermark == self.committed_watermark
         ):
             return
-        result = self.sink.commit(self.pending, point, watched)
+        result = self.sink.commit(self.pending, point, watched, snapshot=chunks)
+        if self.riders is not None:
+            self.riders.after_commit()
         self.watched_landed.update(watched or {})
         lag_nanos = self.wall_clock() - point.low_watermark
         self.log.info(
@@ -103,6 +127,7 @@ class Batcher:
             delta_version=result.delta_version,
             transactions=result.transactions,
             rows=result.rows,
+            snapshot_rows=sum(len(c.rows) + len(c.deleted_keys) for c in chunks),
             schema_rows=sorted(watched or {}),
             low_watermark=to_rfc3339(point.low_watermark),
             watermark_lag_seconds=round(lag_nanos / NANOS_PER_SECOND, 3),

@@ -1,6 +1,7 @@
 """The change-log contract (docs/design.md, contract 1), shared by the sink and the pipeline: the
 table's rows, as an Arrow table (one row per mod; one snapshot row per row of a captured table at
-T0: ``mod_type`` SNAPSHOT, no transaction id; one schema row per table whose watched columns
+T0 or at an on-demand snapshot's T1: ``mod_type`` SNAPSHOT, no transaction id; one SNAPSHOT_DELETE
+row per key an on-demand snapshot did not find; one schema row per table whose watched columns
 changed: ``mod_type`` SCHEMA, no transaction id), and the checkpoint each commit carries under
 ``CHECKPOINT_KEY``."""
 
@@ -56,7 +57,16 @@ SNAPSHOT_ROW = "SNAPSHOT"
 """``mod_type`` of a snapshot row: one row of a captured table as read at T0 (its
 ``commit_timestamp``), every captured column listed (``value_capture_type`` NEW_ROW), an empty
 ``server_transaction_id``. It sorts before every change of the stream, which starts after T0;
-readers tell it from an INSERT as Debezium's readers tell ``op = r`` from ``op = c``."""
+readers tell it from an INSERT as Debezium's readers tell ``op = r`` from ``op = c``.
+
+An on-demand snapshot of some tables lands the same rows at its own read timestamp T1, a low
+watermark the change log had reached when it was asked for, interleaved with later changes: a
+reader applies a row only if it is newer than what it applied for that key."""
+SNAPSHOT_DELETE = "SNAPSHOT_DELETE"
+"""``mod_type`` of a key the change log held alive before T1 that an on-demand snapshot at T1 did
+not find (deleted while the stream did not capture the table): a delete at T1, no values, no
+transaction id."""
+DELETES = ("DELETE", SNAPSHOT_DELETE)
 
 
 def _column_types_json(column_types: Iterable[ColumnType]) -> str:
@@ -84,8 +94,8 @@ def to_arrow(
     snapshot: Iterable[SnapshotChunk] = (),
     snapshot_at: Nanos = 0,
 ) -> pa.Table:
-    """Snapshot rows read at ``snapshot_at``, rows of whole transactions, then schema rows of
-    ``watched`` read at ``watched_at``."""
+    """Snapshot rows read at ``snapshot_at`` (and the deletes of keys a snapshot did not find),
+    rows of whole transactions, then schema rows of ``watched`` read at ``watched_at``."""
     columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
     for chunk in snapshot:
         _append_snapshot_rows(columns, chunk, snapshot_at)
@@ -143,7 +153,6 @@ def to_arrow(
 
 
 def _append_snapshot_rows(columns: dict[str, list[Any]], chunk: SnapshotChunk, at: Nanos) -> None:
-    count = len(chunk.rows)
     constant = {
         "commit_timestamp": at // 1000,
         "commit_timestamp_text": to_rfc3339(at),
@@ -151,8 +160,6 @@ def _append_snapshot_rows(columns: dict[str, list[Any]], chunk: SnapshotChunk, a
         "record_sequence": "",
         "mod_index": 0,
         "table_name": chunk.table,
-        "mod_type": SNAPSHOT_ROW,
-        "value_capture_type": "NEW_ROW",
         "old_values": "{}",
         "column_types": _column_types_json(chunk.column_types),
         "number_of_records_in_transaction": 0,
@@ -161,10 +168,17 @@ def _append_snapshot_rows(columns: dict[str, list[Any]], chunk: SnapshotChunk, a
         "is_system_transaction": False,
         "commit_date": _date(at),
     }
+    rows: list[tuple[str, str, str, str | None]] = [
+        (keys, values, SNAPSHOT_ROW, "NEW_ROW") for keys, values in chunk.rows
+    ]
+    rows += [(keys, "{}", SNAPSHOT_DELETE, None) for keys in chunk.deleted_keys]
     for name, value in constant.items():
-        columns[name].extend([value] * count)
-    columns["keys"].extend(keys for keys, _ in chunk.rows)
-    columns["new_values"].extend(values for _, values in chunk.rows)
+        columns[name].extend([value] * len(rows))
+    for keys, values, mod_type, capture in rows:
+        columns["keys"].append(keys)
+        columns["new_values"].append(values)
+        columns["mod_type"].append(mod_type)
+        columns["value_capture_type"].append(capture)
 
 
 FORMAT_VERSION = 1
@@ -185,11 +199,14 @@ class Checkpoint:
     snapshot: SnapshotProgress | None = None
     """The initial snapshot's progress, carried by every commit of a job that took one. Until it
     is complete, the change log is no consistent cut: its W is not reached."""
+    table_snapshot: SnapshotProgress | None = None
+    """An on-demand snapshot of some tables at T1, carried by every commit from the one that
+    records the request to the one that completes it."""
 
     @property
     def consistent(self) -> bool:
         """Whether every captured table equals Spanner at W once this commit is applied."""
-        return self.snapshot is None or self.snapshot.complete
+        return all(s is None or s.complete for s in (self.snapshot, self.table_snapshot))
 
 
 def to_json(checkpoint: Checkpoint) -> str:
@@ -221,6 +238,11 @@ def to_json(checkpoint: Checkpoint) -> str:
                 if checkpoint.snapshot is not None
                 else {}
             ),
+            **(
+                {"table_snapshot": _snapshot_json(checkpoint.table_snapshot)}
+                if checkpoint.table_snapshot is not None
+                else {}
+            ),
         },
         sort_keys=True,
         separators=(",", ":"),
@@ -248,6 +270,9 @@ def from_json(text: str) -> Checkpoint:
         resume_point=ResumePoint(parse_rfc3339(data["low_watermark"]), partitions),
         job_start=parse_rfc3339(data["job_start"]) if "job_start" in data else None,
         snapshot=_snapshot_from_json(data["snapshot"]) if "snapshot" in data else None,
+        table_snapshot=(
+            _snapshot_from_json(data["table_snapshot"]) if "table_snapshot" in data else None
+        ),
     )
 
 

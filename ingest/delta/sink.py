@@ -79,6 +79,7 @@ class DeltaChangeLogSink:
         self._next_version = 1
         self._job_start: Nanos | None = None
         self._snapshot: SnapshotProgress | None = None
+        self._table_snapshot: SnapshotProgress | None = None
 
     @property
     def job_id(self) -> str:
@@ -121,6 +122,16 @@ class DeltaChangeLogSink:
         self._next_version = (checkpoint.version if checkpoint else 0) + 1
         self._job_start = checkpoint.job_start if checkpoint else None
         self._snapshot = checkpoint.snapshot if checkpoint else None
+        self._table_snapshot = checkpoint.table_snapshot if checkpoint else None
+
+    @property
+    def table_snapshot(self) -> SnapshotProgress | None:
+        return self._table_snapshot
+
+    def track_table_snapshot(self, progress: SnapshotProgress | None) -> None:
+        """The on-demand snapshot's progress the next commits carry (None: none running); its
+        chunks land at its read timestamp."""
+        self._table_snapshot = progress
 
     def start_job(self, start: Nanos, snapshot: SnapshotProgress | None = None) -> CommitResult:
         """Make a new job's start durable before anything is read: version 1 holds no rows and
@@ -157,8 +168,10 @@ class DeltaChangeLogSink:
             resume_point,
             self._job_start,
             self._snapshot,
+            self._table_snapshot,
         )
-        snapshot_at = self._snapshot.read_timestamp if self._snapshot is not None else 0
+        reading = self._table_snapshot or self._snapshot
+        snapshot_at = reading.read_timestamp if reading is not None else 0
         rows = changelog.to_arrow(
             transactions, watched, resume_point.low_watermark, snapshot, snapshot_at
         )

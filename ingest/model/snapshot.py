@@ -1,4 +1,4 @@
-"""The initial snapshot as plain values: what one chunk holds and how far each table has landed.
+"""Snapshots as plain values: what one chunk holds and how far each table has landed.
 
 A snapshot reads every captured table at exactly one timestamp T0 (the job's start minus one
 nanosecond, so the stream holds every change after T0 and none at or before it), in primary-key
@@ -51,6 +51,10 @@ class SnapshotProgress:
         return SnapshotProgress(read_timestamp, tuple(TableProgress(t) for t in sorted(tables)))
 
     @property
+    def table_names(self) -> list[str]:
+        return [t.table for t in self.tables]
+
+    @property
     def complete(self) -> bool:
         return all(t.done for t in self.tables)
 
@@ -87,3 +91,6 @@ class SnapshotChunk:
     last_key: Key | None
     done: bool
     """The table's last rows: nothing follows ``last_key``."""
+    deleted_keys: tuple[str, ...] = ()
+    """Keys JSON the change log holds alive that this table snapshot did not find: landed with
+    the done chunk of an on-demand snapshot, as deletes at its read timestamp."""

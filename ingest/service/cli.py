@@ -1,5 +1,6 @@
 """Command line: ``python -m ingest tail`` prints whole, ordered transactions as JSON lines;
-``python -m ingest run`` lands them in a Delta change-log table, exactly once.
+``python -m ingest run`` lands them in a Delta change-log table, exactly once;
+``python -m ingest snapshot-table`` asks a running service to snapshot tables again.
 
 Every bad input ends with one ``error:`` line on stderr and a non-zero exit: 2 for a request that
 cannot be valid, 1 for a failure while running.
@@ -13,6 +14,9 @@ import signal
 import sys
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn, TextIO
@@ -88,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"TOML file (or {config_module.CONFIG_FILE_VARIABLE}); environment overrides it",
     )
+    again = commands.add_parser(
+        "snapshot-table",
+        help="ask the running service to snapshot tables again (POST /snapshot on its health port)",
+    )
+    again.add_argument("--table", action="append", required=True, help="repeat for more tables")
+    again.add_argument(
+        "--url",
+        default=f"http://127.0.0.1:{env('INGEST_HEALTH_PORT', '8080')}",
+        help="the service's health port (default http://127.0.0.1:$INGEST_HEALTH_PORT or 8080)",
+    )
     return parser
 
 
@@ -143,6 +157,26 @@ def run_ingest(args: argparse.Namespace, out: TextIO) -> int:
     return run_service(config, log, _stop_on_signals())
 
 
+class SnapshotRequestRefused(RuntimeError):
+    """The service answered the request with an error."""
+
+
+def request_table_snapshot(args: argparse.Namespace, out: TextIO) -> int:
+    """Print the service's answer (T1 and the tables) once the request is recorded."""
+    query_text = urllib.parse.urlencode([("table", t) for t in args.table])
+    request = urllib.request.Request(f"{args.url}/snapshot?{query_text}", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=90) as response:
+            out.write(response.read().decode() + "\n")
+            return 0
+    except urllib.error.HTTPError as error:
+        raise SnapshotRequestRefused(
+            f"the service refused the snapshot ({error.code}): {error.read().decode()}"
+        ) from None
+    except OSError as error:
+        raise SnapshotRequestRefused(f"no service answers at {args.url}: {error}") from None
+
+
 def run_tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     log = make_logger(err, args.log_level).bind(command="tail", stream=args.stream)
     request = prepare_tail(args)
@@ -195,12 +229,15 @@ def main(
         args = build_parser().parse_args(argv)
         if args.command == "run":
             return run_ingest(args, out)
+        if args.command == "snapshot-table":
+            return request_table_snapshot(args, out)
         return run_tail(args, out, err)
     except (
         UsageError,
         query.ChangeStreamRequestError,
         config_module.ConfigError,
         SnapshotOutOfReach,
+        SnapshotRequestRefused,
     ) as error:
         print(f"error: {_one_line(error)}", file=err)
         return EXIT_BAD_INPUT

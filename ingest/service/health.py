@@ -1,13 +1,18 @@
-"""The service's health endpoints, for container probes."""
+"""The service's health endpoints, for container probes, and the one control request it takes:
+``POST /snapshot?table=…`` (an on-demand table snapshot)."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
+from urllib.parse import parse_qs, urlsplit
+
+SnapshotRequests = Callable[[list[str]], tuple[int, dict[str, object]]]
 
 
 class Committer(Protocol):
@@ -37,13 +42,20 @@ class HealthServer:
     def __init__(self, port: int, readiness_s: float, committer: Committer) -> None:
         self.last_tick = time.monotonic()
         self.committer = committer
+        self.snapshot_requests: SnapshotRequests | None = None
         self._readiness_s = readiness_s
         health = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 ok, body = health.check(self.path)
-                self.send_response(200 if ok else 503)
+                self._send(200 if ok else 503, body)
+
+            def do_POST(self) -> None:
+                self._send(*health.post(self.path))
+
+            def _send(self, status: int, body: dict[str, object]) -> None:
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
                 self.wfile.write(json.dumps(body).encode())
@@ -68,6 +80,14 @@ class HealthServer:
                 "last_commit_age_s": round(age, 3) if committed else None,
             }
         return False, {"error": "unknown path"}
+
+    def post(self, path: str) -> tuple[int, dict[str, object]]:
+        url = urlsplit(path)
+        if url.path != "/snapshot":
+            return 404, {"error": "unknown path"}
+        if self.snapshot_requests is None:
+            return 503, {"error": "not streaming yet (the initial snapshot is running)"}
+        return self.snapshot_requests(parse_qs(url.query).get("table", []))
 
     def tick(self) -> None:
         self.last_tick = time.monotonic()

@@ -17,12 +17,14 @@ import time
 import uuid
 
 import structlog
+from deltalake import DeltaTable
 from google.cloud import spanner
 from google.cloud.spanner_v1.database import Database
 
 from ingest.changestream import query
 from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
 from ingest.changestream.watched_columns import read_watched_columns
+from ingest.delta.absent_keys import absent_keys
 from ingest.delta.batcher import Batcher
 from ingest.delta.changelog import Checkpoint
 from ingest.delta.lease import start_moved, wait_for_lease
@@ -33,6 +35,7 @@ from ingest.rules.resume import ResumePoint, start_point
 from ingest.service.config import ServiceConfig
 from ingest.service.health import Commits, HealthServer
 from ingest.service.snapshot import SnapshotSettings, check_reachable, run_snapshot
+from ingest.service.table_snapshot import TableSnapshots
 from ingest.snapshot.reader import read_table
 
 Logger = structlog.typing.FilteringBoundLogger
@@ -147,6 +150,18 @@ def _stream(
         log,
         resume_from=resume,
     )
+    watched_columns = functools.partial(read_watched_columns, database, config.stream, dialect)
+    table_snapshots = TableSnapshots(
+        sink,
+        functools.partial(read_table, database, chunk_rows=config.snapshot_chunk_rows),
+        watched_columns,
+        lambda table, at, found: absent_keys(_changelog(sink), table, at, found),
+        query.version_retention(database),
+        config.snapshot_workers,
+        log,
+        stop,
+    )
+    table_snapshots.resume()
     batcher = Batcher(
         sink,
         config.flush_latency_ms / 1000,
@@ -154,21 +169,26 @@ def _stream(
         config.checkpoint_interval_s,
         info.retention_nanos,
         log,
-        watched_columns=functools.partial(read_watched_columns, database, config.stream, dialect),
+        watched_columns=watched_columns,
         watched_interval_s=config.watched_columns_interval_s,
+        riders=table_snapshots,
     )
     if checkpoint is None and snapshot is None:
         batcher.landed(resume.low_watermark)
     if health is not None:
         health.committer = batcher
+        health.snapshot_requests = table_snapshots.request
 
     def tick() -> None:
         if health is not None:
             health.tick()
         batcher.on_tick()
 
-    reader.run(batcher.on_release, stop, on_tick=tick)
-    batcher.flush()
+    try:
+        reader.run(batcher.on_release, stop, on_tick=tick)
+        batcher.flush()
+    finally:
+        table_snapshots.close()
     log.info(
         "ingest_stopped",
         low_watermark=to_rfc3339(reader.assembler.released_watermark),
@@ -212,3 +232,10 @@ def _snapshot(
         on_tick=health.tick if health is not None else lambda: None,
         on_commit=commits.count,
     )
+
+
+def _changelog(sink: DeltaChangeLogSink) -> DeltaTable:
+    table = sink.table()
+    if table is None:
+        raise RuntimeError("the change log vanished while the job runs")
+    return table

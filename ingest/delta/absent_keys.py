@@ -1,0 +1,67 @@
+"""Which keys of a table the change log holds alive before T1 but a snapshot at T1 did not find.
+
+An on-demand snapshot replaces a table's history from T1 on: rows it reads are newer images, and a
+key the change log still holds alive that Spanner no longer has at T1 (deleted while the stream
+did not capture the table, or lost to a broken mirror's history) must be deleted at T1 too. The
+change log is the mirrors' only source, so the keys alive in it are the keys alive in any mirror
+built from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from ingest.delta.changelog import DELETES, SCHEMA_ROW, SNAPSHOT_ROW
+from ingest.model.timestamps import Nanos, to_rfc3339
+
+_COLUMNS = [
+    "keys",
+    "commit_timestamp_text",
+    "server_transaction_id",
+    "record_sequence",
+    "mod_index",
+    "mod_type",
+]
+
+
+def absent_keys(
+    table: DeltaTable, table_name: str, read_timestamp: Nanos, found: Iterable[str]
+) -> list[str]:
+    """Keys (as the change log spells them) whose last change before ``read_timestamp`` leaves
+    them alive, and that neither the snapshot's landed rows at ``read_timestamp`` nor ``found``
+    (its rows not landed yet) hold; sorted.
+
+    Changes at exactly T1 by a transaction are in what the snapshot read, so only changes before
+    T1 decide what was alive. Memory: the table's rows in the change log, keys and positions only.
+    """
+    at = to_rfc3339(read_timestamp)
+    rows = table.to_pyarrow_dataset().to_table(
+        columns=_COLUMNS,
+        filter=(pc.field("table_name") == table_name) & (pc.field("mod_type") != SCHEMA_ROW),
+        use_threads=False,
+    )
+    snapshot_rows = pc.and_(
+        pc.equal(rows["commit_timestamp_text"], at), pc.equal(rows["mod_type"], SNAPSHOT_ROW)
+    )
+    landed = set(rows.filter(snapshot_rows)["keys"].to_pylist())
+    before = rows.filter(pc.less(rows["commit_timestamp_text"], at))
+    before = before.append_column(
+        "sequence_width", pc.utf8_length(before["record_sequence"])
+    ).sort_by(
+        [
+            ("keys", "ascending"),
+            ("commit_timestamp_text", "ascending"),
+            ("server_transaction_id", "ascending"),
+            ("sequence_width", "ascending"),
+            ("record_sequence", "ascending"),
+            ("mod_index", "ascending"),
+        ]
+    )
+    last = before.group_by("keys", use_threads=False).aggregate([("mod_type", "last")])
+    alive = last.filter(pc.invert(pc.is_in(last["mod_type_last"], pa.array(DELETES))))
+    present = landed.union(found)
+    return sorted(k for k in alive["keys"].to_pylist() if k not in present)

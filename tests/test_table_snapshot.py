@@ -1,0 +1,175 @@
+"""The on-demand table snapshot on the real emulator: a table the stream stopped capturing for a
+while (rows deleted, changed and added behind its back) is snapshotted again while the service
+runs and writes go on, and its mirror comes back to Spanner at W, rows deleted in the gap
+included."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+from google.api_core.exceptions import FailedPrecondition
+from google.cloud import spanner
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
+
+from emulator.server import free_port
+from emulator.verify import changelog_watermark, compare_mirrors
+from emulator.workload import load_existing_rows
+from ingest.delta.absent_keys import absent_keys
+from ingest.delta.changelog import SNAPSHOT_DELETE, SNAPSHOT_ROW
+from ingest.model.encoding import canonical_json
+from ingest.model.timestamps import parse_rfc3339
+from pipeline.catalog import discover_shapes
+from tests.processes import Pipeline, Service, background_workload
+
+
+def snapshot_table(port: int, table: str) -> subprocess.CompletedProcess[str]:
+    """``python -m ingest snapshot-table`` as an operator runs it."""
+    url = f"http://127.0.0.1:{port}"
+    return subprocess.run(
+        [sys.executable, "-m", "ingest", "snapshot-table", "--table", table, "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def existing_transfer_keys(database, count: int) -> list[tuple[int, str]]:  # type: ignore[no-untyped-def]
+    """Keys of rows loaded before the job started (the workload never touches them)."""
+    with database.snapshot() as snapshot:
+        rows = snapshot.execute_sql(
+            "SELECT from_account_id, transfer_id FROM transfers ORDER BY transfer_id LIMIT @n",
+            params={"n": count},
+            param_types={"n": spanner.param_types.INT64},
+        )
+        return [(row[0], row[1]) for row in rows]
+
+
+def spanner_keys(database) -> list[str]:  # type: ignore[no-untyped-def]
+    """transfers' keys now, spelled as the change log spells them."""
+    with database.snapshot() as snapshot:
+        rows = snapshot.execute_sql("SELECT from_account_id, transfer_id FROM transfers")
+        return [canonical_json({"from_account_id": str(a), "transfer_id": t}) for a, t in rows]
+
+
+def change_ddl(database, statement: str) -> None:  # type: ignore[no-untyped-def]
+    """The emulator refuses DDL while a read-write transaction runs: try again until it takes."""
+    for attempt in Retrying(
+        retry=retry_if_exception_type(FailedPrecondition),
+        wait=wait_exponential_jitter(0.1, max=2),
+        stop=stop_after_delay(60),
+        reraise=True,
+    ):
+        with attempt:
+            database.update_ddl([statement]).result(120)
+
+
+def wait_for_watermark(changelog: Path, at_least: int, timeout: float) -> None:
+    """Until the change log is a consistent cut at or after ``at_least``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        watermark = changelog_watermark(str(changelog))
+        if watermark is not None and watermark.low_watermark >= at_least:
+            return
+        assert time.monotonic() < deadline, f"W {watermark} not at {at_least} in {timeout} s"
+        time.sleep(0.5)
+
+
+def mirror_and_compare(pipeline: Pipeline, changelog: Path, database, root: Path):  # type: ignore[no-untyped-def]
+    catch_up = pipeline.start("--trigger", "available-now")
+    assert catch_up.wait(timeout=600) == 0, pipeline.log.read_text()[-3000:]
+    watermark = changelog_watermark(str(changelog))
+    assert watermark is not None
+    shapes = discover_shapes(str(changelog))
+    return {
+        c.table: c
+        for c in compare_mirrors(
+            database, str(root / "mirrors"), shapes, watermark.low_watermark, timestamp_digits=0
+        )
+    }
+
+
+@pytest.mark.emulator
+def test_a_table_snapshotted_on_demand_comes_back_to_spanner_while_writes_go_on(
+    new_database, tmp_path: Path
+) -> None:
+    database = new_database("googlesql", accounts=300)
+    load_existing_rows(database, accounts=300, transfers=1500, all_types=0, seed=11)
+    change_ddl(database, "CREATE CHANGE STREAM mirrored FOR ALL")
+    changelog = tmp_path / "changelog"
+    port = free_port()
+    service = Service(
+        database.database_id,
+        changelog,
+        tmp_path / "ingest.log",
+        None,
+        SPANNER_CHANGE_STREAM="mirrored",
+        INGEST_SNAPSHOT_MODE="initial",
+        INGEST_SNAPSHOT_CHUNK_ROWS="250",
+        INGEST_HEALTH_PORT=str(port),
+    )
+    pipeline = Pipeline(changelog, tmp_path, tmp_path / "pipeline.log")
+    weights = dict(transfer_weight=1.0, all_types_weight=0.0, cleanup_weight=0.5)
+    workload, stop_workload, committed = background_workload(database, 600, 10, 11, **weights)
+    process = service.start()
+    try:
+        service.wait_for("ingest_started", 1, timeout=120, process=process)
+
+        # transfers leaves the stream; behind its back rows are deleted, changed and added
+        change_ddl(database, "ALTER CHANGE STREAM mirrored SET FOR accounts")
+        gone = existing_transfer_keys(database, 40)
+        with database.batch() as batch:
+            batch.delete("transfers", spanner.KeySet(keys=[list(k) for k in gone[:30]]))
+            batch.update(
+                "transfers",
+                ["from_account_id", "transfer_id", "amount"],
+                [[k[0], k[1], 999_999] for k in gone[30:]],
+            )
+        change_ddl(database, "ALTER CHANGE STREAM mirrored SET FOR ALL")
+        back = time.time_ns()
+        wait_for_watermark(changelog, back, timeout=120)
+        behind = absent_keys(DeltaTable(str(changelog)), "transfers", back, spanner_keys(database))
+        assert len(behind) >= 30, "the change log holds rows Spanner deleted in the gap"
+
+        asked = snapshot_table(port, "transfers")
+        assert asked.returncode == 0, asked.stderr
+        answer = json.loads(asked.stdout)
+        t1 = parse_rfc3339(answer["read_timestamp"])
+        assert answer["tables"] == ["transfers"] and t1 >= back
+        service.wait_for("table_snapshot_done", 1, timeout=180, process=process)
+        refused = snapshot_table(port, "no_such_table")
+        assert refused.returncode == 2 and "not captured" in refused.stderr, refused.stderr
+    finally:
+        stop_workload.set()
+        workload.join()
+    try:
+        wait_for_watermark(changelog, max(t.commit_timestamp for t in committed), timeout=120)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        process.kill()
+
+    rows = (
+        DeltaTable(str(changelog))
+        .to_pyarrow_dataset()
+        .to_table(
+            columns=["keys", "mod_type", "commit_timestamp_text"],
+            filter=(pc.field("table_name") == "transfers")
+            & pc.field("mod_type").isin([SNAPSHOT_ROW, SNAPSHOT_DELETE]),
+        )
+        .to_pylist()
+    )
+    again = [r for r in rows if r["commit_timestamp_text"] == answer["read_timestamp"]]
+    deleted = {
+        json.loads(r["keys"])["transfer_id"] for r in again if r["mod_type"] == SNAPSHOT_DELETE
+    }
+    assert {k[1] for k in gone[:30]} <= deleted, "rows deleted in the gap land as deletes at T1"
+    mirrors = mirror_and_compare(pipeline, changelog, database, tmp_path)
+    assert all(c.equal for c in mirrors.values()), "; ".join(c.describe() for c in mirrors.values())

@@ -1,0 +1,207 @@
+"""The on-demand table snapshot's rules on a real Delta change log, without Spanner: the request
+is recorded at a landed low watermark T1, chunks ride on the stream's commits, a crash at any
+commit resumes without loss or duplicate, and the keys the change log held alive that Spanner no
+longer has at T1 land as deletes, so a replay in the change log's order ends at Spanner's rows."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ingest.delta.absent_keys import absent_keys
+from ingest.delta.changelog import SNAPSHOT_DELETE, SNAPSHOT_ROW
+from ingest.model.encoding import canonical_json
+from ingest.model.records import sequence_key
+from ingest.model.snapshot import Key, SnapshotChunk
+from ingest.model.timestamps import to_rfc3339
+from ingest.rules.partitions import ResumablePartitions
+from ingest.rules.resume import ResumePoint
+from ingest.service.table_snapshot import TableSnapshots
+from tests.builders import ACCOUNTS, ChangeLog, captured_logger
+
+KEYS = range(8)
+
+
+class Crash(Exception):
+    pass
+
+
+def spanner_reader(rows_at_t1: dict[int, int], chunk_rows: int):  # type: ignore[no-untyped-def]
+    """Reads Spanner's rows at T1 in key order after a key, as ``read_table`` does."""
+
+    def read(
+        table: str, columns, read_timestamp: int, after: Key | None
+    ) -> Iterator[SnapshotChunk]:  # type: ignore[no-untyped-def]
+        keys = [k for k in sorted(rows_at_t1) if after is None or k > int(after[0])]
+        last: Key | None = after
+        rows: list[tuple[str, str]] = []
+        for key in keys:
+            rows.append(
+                (
+                    canonical_json({"account_id": str(key)}),
+                    canonical_json({"balance": str(rows_at_t1[key])}),
+                )
+            )
+            last = (str(key),)
+            if len(rows) == chunk_rows:
+                yield SnapshotChunk(table, columns, rows, last, done=False)
+                rows = []
+        yield SnapshotChunk(table, columns, rows, last, done=True)
+
+    return read
+
+
+def replay(uri: str) -> dict[str, str]:
+    """The rows a reader ends with applying every row in the change log's order (a row applies
+    only over older positions of its key: sorting does that)."""
+    rows = DeltaTable(uri).to_pyarrow_dataset().to_table(use_threads=False).to_pylist()
+    rows = [r for r in rows if r["keys"]]
+    rows.sort(
+        key=lambda r: (
+            r["commit_timestamp_text"],
+            r["server_transaction_id"],
+            sequence_key(r["record_sequence"]),
+            r["mod_index"],
+        )
+    )
+    alive: dict[str, str] = {}
+    for row in rows:
+        if row["mod_type"] in ("DELETE", SNAPSHOT_DELETE):
+            alive.pop(row["keys"], None)
+        else:
+            merged = {**json.loads(alive.get(row["keys"], "{}")), **json.loads(row["new_values"])}
+            alive[row["keys"]] = json.dumps(merged, sort_keys=True)
+    return alive
+
+
+def key_json(key: int) -> str:
+    return canonical_json({"account_id": str(key)})
+
+
+def value_json(balance: int) -> str:
+    return json.dumps({"balance": str(balance)}, sort_keys=True)
+
+
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(["INSERT", "UPDATE", "DELETE"]), st.sampled_from(KEYS), st.integers(0, 99)
+    ),
+    max_size=12,
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    history=operations,
+    spanner_at_t1=st.dictionaries(st.sampled_from(KEYS), st.integers(0, 99)),
+    after_t1=operations,
+    chunk_rows=st.integers(1, 3),
+    crashes=st.lists(st.integers(0, 6), max_size=3),
+)
+def test_a_table_snapshot_lands_once_and_replays_to_spanner(
+    tmp_path_factory,
+    history: list[tuple[str, int, int]],
+    spanner_at_t1: dict[int, int],
+    after_t1: list[tuple[str, int, int]],
+    chunk_rows: int,
+    crashes: list[int],
+) -> None:
+    uri = str(tmp_path_factory.mktemp("changelog"))
+    log = ChangeLog(uri)
+    for mod_type, key, balance in history:
+        log.commit(("accounts", mod_type, {"account_id": str(key)}, {"balance": str(balance)}))
+    log.clock += 1  # T1, the landed low watermark, just past the last change of the history
+    log.land()
+    t1 = log.clock
+    expected = {key_json(k): value_json(v) for k, v in spanner_at_t1.items()}
+    stop = threading.Event()
+    stream = iter(after_t1)
+    logger, _ = captured_logger()
+    commits, recorded, finished = 0, False, False
+    crash_points = sorted(set(crashes))
+    while not finished:
+        snapshots = TableSnapshots(
+            log.sink,
+            spanner_reader(spanner_at_t1, chunk_rows),
+            lambda at: {"accounts": ACCOUNTS},
+            lambda table, at, found: absent_keys(DeltaTable(uri), table, at, found),
+            version_retention=10**18,
+            workers=1,
+            log=logger,
+            stop=stop,
+        )
+        snapshots.resume()
+        if not recorded:
+            # Queued, not waited for: answered once the next commit records it (the caller of
+            # a crashed process asks again).
+            assert snapshots.request(["accounts"], timeout_s=0)[0] == 504
+            assert snapshots.due()
+        try:
+            while not finished:
+                step = next(stream, None) if recorded else None
+                if step is not None:
+                    mod_type, key, balance = step
+                    log.commit(
+                        ("accounts", mod_type, {"account_id": str(key)}, {"balance": str(balance)})
+                    )
+                chunks, _ = snapshots.before_commit(log.clock)
+                crash = bool(crash_points) and commits == crash_points[0]
+                if crash and commits % 2 == 0:  # before the commit: its chunks are read again
+                    crash_points.pop(0)
+                    raise Crash
+                log.sink.commit(
+                    log.pending,
+                    ResumePoint(log.clock, ResumablePartitions((), ())),
+                    snapshot=chunks,
+                )
+                log.pending = []
+                commits += 1
+                if crash:  # after it, before the batcher hears back
+                    crash_points.pop(0)
+                    recorded = recorded or log.sink.table_snapshot is not None
+                    raise Crash
+                snapshots.after_commit()
+                if not recorded:
+                    running = snapshots.running
+                    assert running is not None and running.read_timestamp == t1
+                    recorded = True
+                finished = snapshots.running is None and not snapshots.due() and step is None
+        except Crash:
+            pending = log.pending
+            log = ChangeLog(uri, clock=log.clock)
+            log.pending = pending
+        finally:
+            snapshots.close()
+    for mod_type, key, balance in after_t1:
+        if mod_type == "DELETE":
+            expected.pop(key_json(key), None)
+        else:
+            expected[key_json(key)] = json.dumps(
+                {**json.loads(expected.get(key_json(key), "{}")), "balance": str(balance)},
+                sort_keys=True,
+            )
+    assert replay(uri) == expected
+    rows = (
+        DeltaTable(uri)
+        .to_pyarrow_dataset()
+        .to_table(
+            filter=pc.field("mod_type").isin([SNAPSHOT_ROW, SNAPSHOT_DELETE]), use_threads=False
+        )
+    )
+    snapshot_keys = [r["keys"] for r in rows.to_pylist() if r["mod_type"] == SNAPSHOT_ROW]
+    assert sorted(snapshot_keys) == sorted(key_json(k) for k in spanner_at_t1), "each row once"
+    assert set(rows["commit_timestamp_text"].to_pylist()) <= {to_rfc3339(t1)}
+    last_in_history = {key: mod_type for mod_type, key, _ in history}
+    alive_before = {k for k, mod_type in last_in_history.items() if mod_type != "DELETE"}
+    deletes = [r["keys"] for r in rows.to_pylist() if r["mod_type"] == SNAPSHOT_DELETE]
+    assert sorted(deletes) == sorted(key_json(k) for k in alive_before - set(spanner_at_t1))
+    checkpoint = log.sink.latest_checkpoint()
+    assert checkpoint is not None and checkpoint.consistent
