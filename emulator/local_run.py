@@ -1,12 +1,15 @@
 """`make run`: the whole product on one machine, ending with a PASS or FAIL check.
 
-Starts an emulator on a free loopback port (or uses SPANNER_EMULATOR_HOST), bootstraps the sample
-database, starts the ingest service and the pipeline as processes, and commits a banking workload
-for ``--seconds``. Then it stops everything in order: the workload; the ingest service once it has
-landed every committed transaction; the pipeline after draining the change log (SIGUSR1). It
-prints a summary and whether every mirror table equals Spanner read at the change log's last
-watermark. Progress goes to the terminal, logs to files in the run folder. Ctrl-C stops everything
-cleanly, without the check.
+Starts an emulator on a free loopback port (or uses SPANNER_EMULATOR_HOST) and bootstraps the
+sample database, which then already holds rows (``--existing-rows`` transfers, a tenth as many
+rows of every type) and takes a banking workload for ``--seconds``. While the workload runs, the
+ingest service starts on that existing database with ``snapshot_mode=initial`` (it snapshots
+every table at T0, then streams after it) and the pipeline starts. Then it stops everything in
+order: the workload; the ingest service once the change log is a consistent cut past the last
+committed transaction; the pipeline after draining the change log (SIGUSR1). It prints a summary
+and whether every mirror table equals Spanner read at the change log's last watermark. Progress
+goes to the terminal, logs to files in the run folder. Ctrl-C stops everything cleanly, without
+the check.
 """
 
 from __future__ import annotations
@@ -30,9 +33,14 @@ from google.cloud import spanner
 from emulator.bootstrap import bootstrap, seed_accounts
 from emulator.processes import Process
 from emulator.server import emulator
-from emulator.verify import changelog_watermark, compare_mirrors, landed_transactions
-from emulator.workload import CommittedTransaction, Workload, WorkloadConfig
-from ingest.model.timestamps import NANOS_PER_SECOND, to_rfc3339
+from emulator.verify import (
+    changelog_watermark,
+    compare_mirrors,
+    landed_transactions,
+    latest_checkpoint,
+)
+from emulator.workload import CommittedTransaction, Workload, WorkloadConfig, load_existing_rows
+from ingest.model.timestamps import to_rfc3339
 from pipeline.catalog import discover_shapes
 
 EMULATOR_TIMESTAMP_DIGITS = 0
@@ -50,6 +58,7 @@ class RunOptions:
     seconds: float
     rate: float
     folder: Path
+    existing_rows: int = 20_000
     land_timeout_s: float = 90.0
     drain_timeout_s: float = 300.0
 
@@ -64,7 +73,9 @@ class MirrorCheck:
 
 @dataclass(frozen=True, slots=True)
 class Summary:
+    snapshot_rows: int | None
     committed: int
+    """Transactions committed after T0 (those before are in the snapshot)."""
     landed: int
     lag_p50_s: float | None
     lag_p99_s: float | None
@@ -78,12 +89,18 @@ def parse_args(argv: list[str] | None) -> RunOptions:
     parser.add_argument("--seconds", type=float, default=90.0, help="how long the workload runs")
     parser.add_argument("--rate", type=float, default=20.0, help="transactions per second")
     parser.add_argument("--folder", help="where the tables and logs go (default: a new temp dir)")
+    parser.add_argument(
+        "--existing-rows",
+        type=int,
+        default=20_000,
+        help="transfers the database holds before the services start (the snapshot's input)",
+    )
     args = parser.parse_args(argv)
-    if args.seconds <= 0 or args.rate <= 0:
-        parser.error("--seconds and --rate must be positive")
+    if args.seconds <= 0 or args.rate <= 0 or args.existing_rows < 0:
+        parser.error("--seconds and --rate must be positive, --existing-rows not negative")
     folder = Path(args.folder) if args.folder else Path(tempfile.mkdtemp(prefix="spanner-cdc-run-"))
     folder.mkdir(parents=True, exist_ok=True)
-    return RunOptions(args.seconds, args.rate, folder.resolve())
+    return RunOptions(args.seconds, args.rate, folder.resolve(), args.existing_rows)
 
 
 def say(text: str, out: TextIO = sys.stdout) -> None:
@@ -95,7 +112,7 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
 
 
-def product_processes(options: RunOptions, database: str, start: int) -> tuple[Process, Process]:
+def product_processes(options: RunOptions, database: str) -> tuple[Process, Process]:
     folder = options.folder
     ingest = Process(
         ["-m", "ingest", "run"],
@@ -103,11 +120,10 @@ def product_processes(options: RunOptions, database: str, start: int) -> tuple[P
         {
             "SPANNER_DATABASE": database,
             "INGEST_TABLE_URI": str(folder / "changelog"),
-            "INGEST_START_TIMESTAMP": to_rfc3339(start),
             "INGEST_CHECKPOINT_INTERVAL_S": "5",
             "INGEST_FLUSH_LATENCY_MS": "500",
             "INGEST_HEALTH_PORT": "0",
-            "INGEST_SNAPSHOT_MODE": "never",
+            "INGEST_SNAPSHOT_MODE": "initial",
         },
     )
     pipeline = Process(
@@ -126,11 +142,21 @@ def product_processes(options: RunOptions, database: str, start: int) -> tuple[P
 
 
 def progress_line(elapsed: float, committed: int, ingest: Process, pipeline: Process) -> str:
-    commits = [e for e in ingest.events() if e["event"] == "delta_commit"]
+    events = ingest.events()
+    commits = [e for e in events if e["event"] == "delta_commit"]
+    snapshot = [e for e in events if e["event"] == "snapshot_progress"]
     batches = [e for e in pipeline.events() if e["event"] == "pipeline_batch"]
     landed = sum(e["transactions"] for e in commits)
     lag = f", lag {commits[-1]['watermark_lag_seconds']:.1f} s" if commits else ""
     version = f"v{commits[-1]['delta_version']}" if commits else "no commit yet"
+    if snapshot and not snapshot[-1]["complete"]:
+        last = snapshot[-1]
+        version = (
+            f"snapshot {last['rows']} rows, {last['tables_done']}/{last['tables']} tables, "
+            f"{last['rows_per_second']} rows/s"
+        )
+    elif snapshot:
+        version += f", snapshot {snapshot[-1]['rows']} rows"
     if batches:
         pipeline_text = f"{len(batches)} batches, last {batches[-1]['seconds']:.1f} s"
     elif any(e["event"] == "pipeline_query_started" for e in pipeline.events()):
@@ -182,12 +208,27 @@ def check_mirrors(database: Any, folder: Path) -> MirrorCheck:
     return MirrorCheck(lines, passed, watermark.version)
 
 
-def summarize(committed: int, ingest: Process, pipeline: Process, check: MirrorCheck) -> Summary:
+def caught_up(changelog: Path, last_commit: int) -> bool:
+    """Whether the change log is a consistent cut (its snapshot complete) at or past
+    ``last_commit``."""
+    if not (changelog / "_delta_log").is_dir():
+        return False
+    watermark = changelog_watermark(str(changelog))
+    return watermark is not None and watermark.low_watermark >= last_commit
+
+
+def summarize(
+    committed: list[CommittedTransaction], ingest: Process, pipeline: Process, check: MirrorCheck
+) -> Summary:
     folder = ingest.log.parent
     lags = [e["watermark_lag_seconds"] for e in ingest.events() if e["event"] == "delta_commit"]
     batches = [e for e in pipeline.events() if e["event"] == "pipeline_batch"]
+    checkpoint = latest_checkpoint(str(folder / "changelog"))
+    snapshot = checkpoint.snapshot if checkpoint else None
+    after = snapshot.read_timestamp if snapshot else 0
     return Summary(
-        committed=committed,
+        snapshot_rows=snapshot.rows if snapshot else None,
+        committed=sum(t.commit_timestamp > after for t in committed),
         landed=landed_transactions(str(folder / "changelog")),
         lag_p50_s=percentile(lags, 0.5),
         lag_p99_s=percentile(lags, 0.99),
@@ -204,7 +245,9 @@ def print_summary(summary: Summary, folder: Path) -> None:
     verdict = {True: "PASS", False: "FAIL", None: "NOT RUN"}[summary.check.passed]
     say("")
     say("summary")
-    say(f"  transactions committed   {summary.committed}")
+    snapshot = "n/a" if summary.snapshot_rows is None else f"{summary.snapshot_rows} rows"
+    say(f"  snapshot at T0           {snapshot}")
+    say(f"  transactions after T0    {summary.committed}")
     say(f"  transactions landed      {summary.landed}")
     say(f"  change-log version       {summary.check.changelog_version}")
     say(f"  watermark lag p50 / p99  {seconds(summary.lag_p50_s)} / {seconds(summary.lag_p99_s)}")
@@ -250,15 +293,11 @@ def run(options: RunOptions, interrupted: threading.Event) -> int:
         name = f"bank_{time.strftime('%m%d%H%M%S')}"
         say(f"emulator at {os.environ['SPANNER_EMULATOR_HOST']}; creating database {name!r}")
         database = bootstrap(spanner.Client(project="local-project"), database_id=name, accounts=0)
-        start = time.time_ns() + NANOS_PER_SECOND // 5
-        time.sleep(0.3)
-        ingest, pipeline = product_processes(options, name, start)
-        say("starting the ingest service and the pipeline (Spark takes 20-40 s to start)")
-        ingest_process = ingest.start()
-        pipeline_process = pipeline.start()
-        stack.callback(stop_process, pipeline_process, 60)
-        stack.callback(stop_process, ingest_process)
         seed_accounts(database, ACCOUNTS, 1000)
+        existing = ACCOUNTS + load_existing_rows(
+            database, ACCOUNTS, options.existing_rows, options.existing_rows // 10, seed=1
+        )
+        say(f"the database holds {existing} rows before the services start")
         stop_workload = threading.Event()
         workload = Workload(
             database,
@@ -269,16 +308,21 @@ def run(options: RunOptions, interrupted: threading.Event) -> int:
         say(f"workload: {options.rate:g} transactions/s for {options.seconds:g} s")
         began = time.monotonic()
         thread.start()
+        ingest, pipeline = product_processes(options, name)
+        say(
+            "starting the ingest service (snapshot_mode=initial: the existing rows at T0, then "
+            "the stream) and the pipeline (Spark takes 20-40 s to start)"
+        )
+        ingest_process = ingest.start()
+        pipeline_process = pipeline.start()
+        stack.callback(stop_process, pipeline_process, 60)
+        stack.callback(stop_process, ingest_process)
 
         watched = {"ingest": ingest_process, "pipeline": pipeline_process}
         """Processes that must stay up; an exit before we stop one is a failure."""
 
         def report() -> None:
-            say(
-                progress_line(
-                    time.monotonic() - began, len(workload.committed) + 1, ingest, pipeline
-                )
-            )
+            say(progress_line(time.monotonic() - began, len(workload.committed), ingest, pipeline))
             for role, process in watched.items():
                 if process.poll() is not None:
                     raise RuntimeError(
@@ -293,14 +337,14 @@ def run(options: RunOptions, interrupted: threading.Event) -> int:
                 report,
                 "the workload's end",
             )
-            total = len(committed) + 1
-            say(f"workload done: {total} transactions committed; waiting for them to land")
+            last = max((t.commit_timestamp for t in committed), default=0)
+            say(f"workload done: {len(committed)} transactions committed; waiting for them to land")
             wait_until(
-                lambda: landed_transactions(str(folder / "changelog")) >= total,
+                lambda: caught_up(folder / "changelog", last),
                 options.land_timeout_s,
                 interrupted,
                 report,
-                "landing every committed transaction",
+                "the change log's consistent cut past the last committed transaction",
             )
             say("all landed; stopping the ingest service, draining the pipeline")
             watched.clear()
@@ -333,7 +377,7 @@ def run(options: RunOptions, interrupted: threading.Event) -> int:
             stop_process(ingest_process)
             stop_process(pipeline_process, 60)
             print_summary(
-                summarize(len(committed) + 1, ingest, pipeline, MirrorCheck(["interrupted"], None)),
+                summarize(committed, ingest, pipeline, MirrorCheck(["interrupted"], None)),
                 folder,
             )
             return 130
@@ -341,7 +385,7 @@ def run(options: RunOptions, interrupted: threading.Event) -> int:
             stop_workload.set()
             thread.join()
         say("checking every mirror table against Spanner at the last watermark")
-        summary = summarize(total, ingest, pipeline, check_mirrors(database, folder))
+        summary = summarize(committed, ingest, pipeline, check_mirrors(database, folder))
         print_summary(summary, folder)
         return 0 if summary.check.passed else 1
 

@@ -21,7 +21,7 @@ from deltalake.exceptions import TableNotFoundError
 from google.cloud.spanner_v1.database import Database
 from google.protobuf import timestamp_pb2
 
-from ingest.delta.changelog import CHECKPOINT_KEY, from_json
+from ingest.delta.changelog import CHECKPOINT_KEY, Checkpoint, from_json
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos
 from ingest.model.values import float32
 from pipeline.catalog import scan
@@ -81,6 +81,19 @@ def changelog_watermark(changelog_uri: str, version: int | None = None) -> Water
             if not checkpoint.consistent:
                 return None
             return Watermark(int(commit["version"]), checkpoint.resume_point.low_watermark)
+    return None
+
+
+def latest_checkpoint(changelog_uri: str) -> Checkpoint | None:
+    """The newest commit's checkpoint; None before the first commit."""
+    try:
+        table = DeltaTable(changelog_uri)
+    except TableNotFoundError:
+        return None
+    for commit in table.history():
+        text = commit.get(CHECKPOINT_KEY)
+        if text is not None:
+            return from_json(text)
     return None
 
 
