@@ -113,8 +113,8 @@ def test_an_existing_database_is_mirrored_from_one_timestamp_through_kill_9(
     )
     workload, stop_workload, committed = background_workload(database, 600, 20, seed)
     kills_during_snapshot = 0
+    process = service.start()
     try:
-        process = service.start()
         while True:
             started = service.count("snapshot_started")
             service.wait_for("snapshot_started", started + 1, timeout=90, process=process)
@@ -132,6 +132,9 @@ def test_an_existing_database_is_mirrored_from_one_timestamp_through_kill_9(
         process = service.start() if process.poll() is not None else process
         service.wait_for("ingest_started", 1, timeout=300, process=process)
         service.wait_for("delta_commit", 3, timeout=60, process=process)
+    except BaseException:
+        process.kill()  # no service outlives a failed test
+        raise
     finally:
         stop_workload.set()
         workload.join()
@@ -190,10 +193,13 @@ def test_postgresql_initial_snapshot_meets_the_stream_and_a_subset_stream_reads_
         INGEST_SNAPSHOT_MODE="initial",
         INGEST_SNAPSHOT_CHUNK_ROWS="128",
     )
+    process = service.start()
     try:
-        process = service.start()
         service.wait_for("ingest_started", 1, timeout=120, process=process)
         service.wait_for("delta_commit", 3, timeout=60, process=process)
+    except BaseException:
+        process.kill()  # no service outlives a failed test
+        raise
     finally:
         stop_workload.set()
         workload.join()

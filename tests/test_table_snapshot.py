@@ -146,14 +146,14 @@ def test_a_table_snapshotted_on_demand_comes_back_to_spanner_while_writes_go_on(
         service.wait_for("table_snapshot_done", 1, timeout=180, process=process)
         refused = snapshot_table(port, "no_such_table")
         assert refused.returncode == 2 and "not captured" in refused.stderr, refused.stderr
-    finally:
         stop_workload.set()
         workload.join()
-    try:
         wait_for_watermark(changelog, max(t.commit_timestamp for t in committed), timeout=120)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:
+        stop_workload.set()
+        workload.join()
         process.kill()
 
     rows = (

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 
 import pyarrow.compute as pc
@@ -18,7 +19,7 @@ from ingest.delta.absent_keys import absent_keys
 from ingest.delta.changelog import SNAPSHOT_DELETE, SNAPSHOT_ROW
 from ingest.model.encoding import canonical_json
 from ingest.model.records import sequence_key
-from ingest.model.snapshot import Key, SnapshotChunk
+from ingest.model.snapshot import Key, SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import to_rfc3339
 from ingest.rules.partitions import ResumablePartitions
 from ingest.rules.resume import ResumePoint
@@ -205,3 +206,57 @@ def test_a_table_snapshot_lands_once_and_replays_to_spanner(
     assert sorted(deletes) == sorted(key_json(k) for k in alive_before - set(spanner_at_t1))
     checkpoint = log.sink.latest_checkpoint()
     assert checkpoint is not None and checkpoint.consistent
+
+
+def test_a_table_snapshot_that_cannot_finish_is_abandoned_and_the_stream_goes_on(
+    tmp_path,
+) -> None:
+    uri = str(tmp_path / "changelog")
+    log = ChangeLog(uri)
+    log.commit(("accounts", "INSERT", {"account_id": "1"}, {"balance": "5"}))
+    log.clock += 1
+    log.land()
+    logger, events = captured_logger()
+
+    def dropped_table(table: str, columns, read_timestamp: int, after: Key | None):  # type: ignore[no-untyped-def]
+        yield SnapshotChunk(table, columns, [(key_json(1), value_json(5))], ("1",), done=False)
+        raise LookupError("table accounts was dropped")
+
+    def snapshots(retention: int) -> TableSnapshots:
+        return TableSnapshots(
+            log.sink,
+            dropped_table,
+            lambda at: {"accounts": ACCOUNTS},
+            lambda table, at, found: absent_keys(DeltaTable(uri), table, at, found),
+            version_retention=retention,
+            workers=1,
+            log=logger,
+            stop=threading.Event(),
+        )
+
+    def commit(running: TableSnapshots) -> None:
+        chunks, _ = running.before_commit(log.clock)
+        log.sink.commit([], ResumePoint(log.clock, ResumablePartitions((), ())), snapshot=chunks)
+        running.after_commit()
+
+    running = snapshots(10**18)
+    assert running.request(["accounts"], timeout_s=0)[0] == 504
+    commit(running)  # records the request and starts the reader
+    assert running.running is not None
+    deadline = time.monotonic() + 10
+    while running.running is not None:
+        assert time.monotonic() < deadline, "the reader's error never reached the committer"
+        commit(running)
+    running.close()
+    checkpoint = log.sink.latest_checkpoint()
+    assert checkpoint is not None and checkpoint.table_snapshot is None and checkpoint.consistent
+    abandoned = [e for e in events if e["event"] == "table_snapshot_abandoned"]
+    assert abandoned and "LookupError" in abandoned[0]["cause"]
+
+    # A resumed snapshot whose T1 is out of the version retention is abandoned, not fatal.
+    log.sink.track_table_snapshot(SnapshotProgress.begin(log.clock, ["accounts"]))
+    log.land()
+    resumed = snapshots(retention=1)
+    resumed.resume()
+    assert resumed.running is None
+    assert sum(e["event"] == "table_snapshot_abandoned" for e in events) == 2

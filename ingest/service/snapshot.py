@@ -58,13 +58,18 @@ class _Stopped(Exception):
     pass
 
 
+_LOST_TRANSACTION = ("Transaction not found", "Invalid transaction ID")
+
+
 def _worth_reading_again(error: BaseException) -> bool:
     """Transient errors, and a read whose single-use transaction the server lost: the emulator
     answers concurrent reads on one multiplexed session (the client's default) with NOT_FOUND
-    "Transaction not found" (emulator/NOTES.md). A table is read again from its last key handed
-    over, at the same timestamp, so nothing is lost or doubled."""
+    "Transaction not found" or INVALID_ARGUMENT "Invalid transaction ID" (emulator/NOTES.md). A
+    table is read again from its last key handed over, at the same timestamp, so nothing is lost
+    or doubled."""
     return is_transient(error) or (
-        isinstance(error, api_exceptions.NotFound) and "Transaction not found" in str(error)
+        isinstance(error, (api_exceptions.NotFound, api_exceptions.InvalidArgument))
+        and any(text in str(error) for text in _LOST_TRANSACTION)
     )
 
 

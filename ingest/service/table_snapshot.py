@@ -24,7 +24,13 @@ from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import WatchedColumns
 from ingest.model.snapshot import SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import Nanos, to_rfc3339
-from ingest.service.snapshot import ReadTable, SnapshotReaders, check_reachable, report
+from ingest.service.snapshot import (
+    ReadTable,
+    SnapshotOutOfReach,
+    SnapshotReaders,
+    check_reachable,
+    report,
+)
 
 Logger = structlog.typing.FilteringBoundLogger
 AbsentKeys = Callable[[str, Nanos, Iterable[str]], list[str]]
@@ -94,9 +100,13 @@ class TableSnapshots:
         if progress.complete:
             self._sink.track_table_snapshot(None)
             return
-        deadline = check_reachable(
-            progress.read_timestamp, self._wall_clock(), self._version_retention
-        )
+        try:
+            deadline = check_reachable(
+                progress.read_timestamp, self._wall_clock(), self._version_retention
+            )
+        except SnapshotOutOfReach as error:
+            self._abandon(progress, error)
+            return
         watched = self._watched_columns(progress.read_timestamp)
         self._start(progress, watched, "table_snapshot_resumed", deadline)
 
@@ -136,7 +146,11 @@ class TableSnapshots:
         progress = self.running
         if self._readers is None or progress is None:
             return [], recording
-        chunks = self._readers.get(timeout=0)
+        try:
+            chunks = self._readers.get(timeout=0)
+        except Exception as error:  # a table dropped meanwhile, retries spent: the stream goes on
+            self._abandon(progress, error)
+            return [], True
         landed = []
         for chunk in chunks:
             if chunk.done:
@@ -190,6 +204,20 @@ class TableSnapshots:
         if self._readers is not None:
             self._readers.close()
             self._readers = None
+
+    def _abandon(self, progress: SnapshotProgress, error: Exception) -> None:
+        """An on-demand snapshot that cannot finish must not stop the stream (a restart would
+        meet the same error forever): the next commit records that none runs. Its landed rows
+        are images at T1 and stay; the tables can be asked for again."""
+        self._log.error(
+            "table_snapshot_abandoned",
+            read_timestamp=to_rfc3339(progress.read_timestamp),
+            tables=progress.table_names,
+            rows=progress.rows,
+            cause=f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}",
+        )
+        self.close()
+        self._sink.track_table_snapshot(None)
 
     def _begin(self, request: _Request, low_watermark: Nanos) -> bool:
         """T1 = the low watermark of the commit about to record the request."""
