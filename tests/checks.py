@@ -8,6 +8,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from google.api_core.exceptions import FailedPrecondition
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
+
 from emulator.workload import CommittedTransaction
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339, to_rfc3339
 from ingest.model.values import decode_row
@@ -129,3 +132,16 @@ def assert_partition_lineage(log_lines: list[dict[str, Any]]) -> dict[str, int]:
             )
     merges = sum(len(p) >= 2 for p in parents.values())
     return {"splits": splits, "merges": merges, "partitions": len(first_run_at)}
+
+
+def apply_ddl(database: Any, *statements: str) -> None:
+    """The emulator refuses DDL while a read-write transaction runs ("concurrent schema change
+    operation or read-write transaction"): try again until it takes."""
+    for attempt in Retrying(
+        retry=retry_if_exception_type(FailedPrecondition),
+        wait=wait_exponential_jitter(0.1, max=2),
+        stop=stop_after_delay(60),
+        reraise=True,
+    ):
+        with attempt:
+            database.update_ddl(list(statements)).result(120)

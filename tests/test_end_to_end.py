@@ -28,7 +28,7 @@ from emulator.verify import changelog_watermark, compare_mirrors, mirror_rows
 from ingest.model.timestamps import to_rfc3339
 from pipeline.catalog import discover_shapes
 from pipeline.mirror import mirror_uri
-from tests.checks import start_after_setup
+from tests.checks import apply_ddl, start_after_setup
 from tests.processes import Pipeline, Service, background_workload, wait_until_landed
 
 ALL_KINDS = dict(transfer_weight=0.6, all_types_weight=0.3, cleanup_weight=0.1)
@@ -55,7 +55,7 @@ def name_accounts(database, accounts: range) -> None:
 )
 def add_column(database, ddl: str) -> None:
     """The emulator refuses DDL while any read-write transaction runs; the workload's are short."""
-    database.update_ddl([ddl]).result(120)
+    apply_ddl(database, ddl)
 
 
 @pytest.mark.emulator

@@ -33,6 +33,7 @@ from ingest.model.timestamps import from_datetime, to_rfc3339
 from pipeline.catalog import discover_shapes, scan
 from pipeline.config import PipelineConfig
 from pipeline.mirror import mirror_uri
+from tests.checks import apply_ddl
 from tests.pipeline_runs import configure, run
 from tests.processes import Service
 
@@ -49,7 +50,7 @@ class Source:
     folder: Path
 
     def ddl(self, *statements: str) -> None:
-        self.database.update_ddl(list(statements)).result(120)
+        apply_ddl(self.database, *statements)
 
     def write(self, mutate: Callable[[Any], None]) -> int:
         """One blind-write transaction; its commit timestamp in nanoseconds."""

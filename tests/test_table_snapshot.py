@@ -15,9 +15,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
-from google.api_core.exceptions import FailedPrecondition
 from google.cloud import spanner
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
 from emulator.server import free_port
 from emulator.verify import changelog_watermark, compare_mirrors
@@ -27,6 +25,7 @@ from ingest.delta.changelog import SNAPSHOT_DELETE, SNAPSHOT_ROW
 from ingest.model.encoding import canonical_json
 from ingest.model.timestamps import parse_rfc3339
 from pipeline.catalog import discover_shapes
+from tests.checks import apply_ddl
 from tests.processes import Pipeline, Service, background_workload
 
 
@@ -57,18 +56,6 @@ def spanner_keys(database) -> list[str]:  # type: ignore[no-untyped-def]
     with database.snapshot() as snapshot:
         rows = snapshot.execute_sql("SELECT from_account_id, transfer_id FROM transfers")
         return [canonical_json({"from_account_id": str(a), "transfer_id": t}) for a, t in rows]
-
-
-def change_ddl(database, statement: str) -> None:  # type: ignore[no-untyped-def]
-    """The emulator refuses DDL while a read-write transaction runs: try again until it takes."""
-    for attempt in Retrying(
-        retry=retry_if_exception_type(FailedPrecondition),
-        wait=wait_exponential_jitter(0.1, max=2),
-        stop=stop_after_delay(60),
-        reraise=True,
-    ):
-        with attempt:
-            database.update_ddl([statement]).result(120)
 
 
 def wait_for_watermark(changelog: Path, at_least: int, timeout: float) -> None:
@@ -102,7 +89,7 @@ def test_a_table_snapshotted_on_demand_comes_back_to_spanner_while_writes_go_on(
 ) -> None:
     database = new_database("googlesql", accounts=300)
     load_existing_rows(database, accounts=300, transfers=1500, all_types=0, seed=11)
-    change_ddl(database, "CREATE CHANGE STREAM mirrored FOR ALL")
+    apply_ddl(database, "CREATE CHANGE STREAM mirrored FOR ALL")
     changelog = tmp_path / "changelog"
     port = free_port()
     service = Service(
@@ -123,7 +110,7 @@ def test_a_table_snapshotted_on_demand_comes_back_to_spanner_while_writes_go_on(
         service.wait_for("ingest_started", 1, timeout=120, process=process)
 
         # transfers leaves the stream; behind its back rows are deleted, changed and added
-        change_ddl(database, "ALTER CHANGE STREAM mirrored SET FOR accounts")
+        apply_ddl(database, "ALTER CHANGE STREAM mirrored SET FOR accounts")
         gone = existing_transfer_keys(database, 40)
         with database.batch() as batch:
             batch.delete("transfers", spanner.KeySet(keys=[list(k) for k in gone[:30]]))
@@ -132,7 +119,7 @@ def test_a_table_snapshotted_on_demand_comes_back_to_spanner_while_writes_go_on(
                 ["from_account_id", "transfer_id", "amount"],
                 [[k[0], k[1], 999_999] for k in gone[30:]],
             )
-        change_ddl(database, "ALTER CHANGE STREAM mirrored SET FOR ALL")
+        apply_ddl(database, "ALTER CHANGE STREAM mirrored SET FOR ALL")
         back = time.time_ns()
         wait_for_watermark(changelog, back, timeout=120)
         behind = absent_keys(DeltaTable(str(changelog)), "transfers", back, spanner_keys(database))

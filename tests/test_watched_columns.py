@@ -48,7 +48,9 @@ def test_information_schema_types_read_as_record_types() -> None:
 class FakeSink:
     commits: list[tuple[int, WatchedColumns | None]] = field(default_factory=list)
 
-    def commit(self, transactions: Any, point: ResumePoint, watched: Any = None) -> Any:
+    def commit(
+        self, transactions: Any, point: ResumePoint, watched: Any = None, snapshot: Any = ()
+    ) -> Any:
         self.commits.append((point.low_watermark, watched))
 
         @dataclass
