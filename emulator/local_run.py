@@ -36,6 +36,7 @@ from emulator.server import emulator
 from emulator.verify import (
     changelog_watermark,
     compare_mirrors,
+    consistent_past,
     landed_transactions,
     latest_checkpoint,
 )
@@ -208,15 +209,6 @@ def check_mirrors(database: Any, folder: Path) -> MirrorCheck:
     return MirrorCheck(lines, passed, watermark.version)
 
 
-def caught_up(changelog: Path, last_commit: int) -> bool:
-    """Whether the change log is a consistent cut (its snapshot complete) at or past
-    ``last_commit``."""
-    if not (changelog / "_delta_log").is_dir():
-        return False
-    watermark = changelog_watermark(str(changelog))
-    return watermark is not None and watermark.low_watermark >= last_commit
-
-
 def summarize(
     committed: list[CommittedTransaction], ingest: Process, pipeline: Process, check: MirrorCheck
 ) -> Summary:
@@ -340,7 +332,7 @@ def run(options: RunOptions, interrupted: threading.Event) -> int:
             last = max((t.commit_timestamp for t in committed), default=0)
             say(f"workload done: {len(committed)} transactions committed; waiting for them to land")
             wait_until(
-                lambda: caught_up(folder / "changelog", last),
+                lambda: consistent_past(str(folder / "changelog"), last),
                 options.land_timeout_s,
                 interrupted,
                 report,

@@ -70,31 +70,41 @@ class TableComparison:
         )
 
 
-def changelog_watermark(changelog_uri: str, version: int | None = None) -> Watermark | None:
-    """The low watermark recorded by the newest landing commit at or before ``version`` that is a
-    consistent cut: None while the job's initial snapshot is incomplete."""
-    table = DeltaTable(changelog_uri, version=version)
+def _newest_checkpoint(table: DeltaTable) -> tuple[int, Checkpoint] | None:
+    """The newest landing commit's table version and checkpoint."""
     for commit in table.history():
         text = commit.get(CHECKPOINT_KEY)
         if text is not None:
-            checkpoint = from_json(text)
-            if not checkpoint.consistent:
-                return None
-            return Watermark(int(commit["version"]), checkpoint.resume_point.low_watermark)
+            return int(commit["version"]), from_json(text)
     return None
+
+
+def changelog_watermark(changelog_uri: str, version: int | None = None) -> Watermark | None:
+    """The low watermark recorded by the newest landing commit at or before ``version`` that is a
+    consistent cut: None while the job's initial snapshot is incomplete."""
+    newest = _newest_checkpoint(DeltaTable(changelog_uri, version=version))
+    if newest is None or not newest[1].consistent:
+        return None
+    return Watermark(newest[0], newest[1].resume_point.low_watermark)
 
 
 def latest_checkpoint(changelog_uri: str) -> Checkpoint | None:
     """The newest commit's checkpoint; None before the first commit."""
     try:
-        table = DeltaTable(changelog_uri)
+        newest = _newest_checkpoint(DeltaTable(changelog_uri))
     except TableNotFoundError:
         return None
-    for commit in table.history():
-        text = commit.get(CHECKPOINT_KEY)
-        if text is not None:
-            return from_json(text)
-    return None
+    return newest[1] if newest else None
+
+
+def consistent_past(changelog_uri: str, timestamp: Nanos) -> bool:
+    """Whether the change log is a consistent cut (any snapshot complete) at or after
+    ``timestamp``; False before its first commit."""
+    try:
+        watermark = changelog_watermark(changelog_uri)
+    except TableNotFoundError:
+        return False
+    return watermark is not None and watermark.low_watermark >= timestamp
 
 
 def landed_transactions(changelog_uri: str) -> int:

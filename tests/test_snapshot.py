@@ -19,9 +19,9 @@ import pytest
 from deltalake import DeltaTable
 from google.protobuf import timestamp_pb2
 
-from emulator.verify import changelog_watermark, compare_mirrors
+from emulator.verify import changelog_watermark, compare_mirrors, latest_checkpoint
 from emulator.workload import CommittedTransaction, load_existing_rows
-from ingest.delta.changelog import CHECKPOINT_KEY, SNAPSHOT_ROW, Checkpoint, from_json
+from ingest.delta.changelog import SNAPSHOT_ROW
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.snapshot import SnapshotProgress
 from ingest.model.timestamps import NANOS_PER_SECOND, to_rfc3339
@@ -42,15 +42,6 @@ def snapshot_rows(table: Path) -> list[dict[str, Any]]:
         columns=["table_name", "keys", "new_values", "commit_timestamp_text", "column_types"],
         filter=pc.field("mod_type") == SNAPSHOT_ROW,
     ).to_pylist()
-
-
-def latest_checkpoint(table: Path) -> Checkpoint | None:
-    if not (table / "_delta_log").exists():
-        return None
-    for commit in DeltaTable(str(table)).history():
-        if CHECKPOINT_KEY in commit:
-            return from_json(commit[CHECKPOINT_KEY])
-    return None
 
 
 def spanner_keys(database: Any, table: str, read_timestamp: int, dialect: str) -> Counter:
@@ -81,7 +72,7 @@ def stop_once_landed(
 ) -> tuple[int, list[CommittedTransaction]]:
     """T0 and the transactions after it, once all have landed and the service has stopped."""
     try:
-        checkpoint = latest_checkpoint(changelog)
+        checkpoint = latest_checkpoint(str(changelog))
         assert checkpoint is not None and checkpoint.snapshot is not None
         read_at = checkpoint.snapshot.read_timestamp
         expected = [t for t in committed if t.commit_timestamp > read_at]
@@ -121,7 +112,7 @@ def test_an_existing_database_is_mirrored_from_one_timestamp_through_kill_9(
             time.sleep(rng.uniform(0.1, 1.2))
             process.kill()
             process.wait()
-            checkpoint = latest_checkpoint(changelog)
+            checkpoint = latest_checkpoint(str(changelog))
             assert checkpoint is not None and checkpoint.snapshot is not None
             if checkpoint.snapshot.complete:
                 break
@@ -227,7 +218,7 @@ def test_postgresql_initial_snapshot_meets_the_stream_and_a_subset_stream_reads_
     assert len(rows) == 500
     assert all(set(json.loads(r["new_values"])) == {"balance"} for r in rows)
     assert all(set(json.loads(r["keys"])) == {"account_id"} for r in rows)
-    final = latest_checkpoint(subset)
+    final = latest_checkpoint(str(subset))
     assert final is not None and final.consistent and final.snapshot is not None
     code, log = run_to_exit(only)
     assert code == 0 and len(snapshot_rows(subset)) == 500, "a finished snapshot is not taken again"

@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 from google.cloud import spanner
 
 from emulator.server import free_port
-from emulator.verify import changelog_watermark, compare_mirrors
+from emulator.verify import changelog_watermark, compare_mirrors, consistent_past
 from emulator.workload import load_existing_rows
 from ingest.delta.absent_keys import absent_keys
 from ingest.delta.changelog import SNAPSHOT_DELETE, SNAPSHOT_ROW
@@ -61,11 +61,8 @@ def spanner_keys(database) -> list[str]:  # type: ignore[no-untyped-def]
 def wait_for_watermark(changelog: Path, at_least: int, timeout: float) -> None:
     """Until the change log is a consistent cut at or after ``at_least``."""
     deadline = time.monotonic() + timeout
-    while True:
-        watermark = changelog_watermark(str(changelog))
-        if watermark is not None and watermark.low_watermark >= at_least:
-            return
-        assert time.monotonic() < deadline, f"W {watermark} not at {at_least} in {timeout} s"
+    while not consistent_past(str(changelog), at_least):
+        assert time.monotonic() < deadline, f"no consistent cut at {at_least} in {timeout} s"
         time.sleep(0.5)
 
 

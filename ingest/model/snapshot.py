@@ -62,9 +62,6 @@ class SnapshotProgress:
     def rows(self) -> int:
         return sum(t.rows for t in self.tables)
 
-    def table(self, name: str) -> TableProgress:
-        return next(t for t in self.tables if t.table == name)
-
     def advanced(self, chunk: SnapshotChunk) -> SnapshotProgress:
         """The progress once ``chunk`` has landed."""
         tables = tuple(

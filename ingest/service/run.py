@@ -156,7 +156,7 @@ def _stream(
         functools.partial(read_table, database, chunk_rows=config.snapshot_chunk_rows),
         watched_columns,
         lambda table, at, found: absent_keys(_changelog(sink), table, at, found),
-        query.version_retention(database),
+        functools.partial(query.version_retention, database),
         config.snapshot_workers,
         log,
         stop,

@@ -77,7 +77,8 @@ class SnapshotReaders:
     """A bounded pool of table readers at one timestamp feeding one bounded queue.
 
     Each table is read from just after its last landed key; a transient error is retried from
-    the last key handed over, any other error is handed to the committer, which stops the job.
+    the last key handed over, any other error is handed to the committer (the initial snapshot
+    stops the job, an on-demand one is abandoned).
     """
 
     def __init__(
@@ -94,7 +95,12 @@ class SnapshotReaders:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="snapshot")
         for table in (t for t in progress.tables if not t.done):
             self._pool.submit(
-                self._read, read_table, table.table, columns[table.table], progress, table.after_key
+                self._read,
+                read_table,
+                table.table,
+                columns[table.table],
+                progress.read_timestamp,
+                table.after_key,
             )
 
     def _put(self, item: SnapshotChunk | BaseException) -> None:
@@ -111,7 +117,7 @@ class SnapshotReaders:
         read_table: ReadTable,
         table: str,
         columns: tuple[ColumnType, ...],
-        progress: SnapshotProgress,
+        read_timestamp: Nanos,
         after: Key | None,
     ) -> None:
         retrying = Retrying(
@@ -123,12 +129,12 @@ class SnapshotReaders:
         try:
             for attempt in retrying:
                 with attempt:
-                    for chunk in read_table(table, columns, progress.read_timestamp, after):
+                    for chunk in read_table(table, columns, read_timestamp, after):
                         self._put(chunk)
                         after = chunk.last_key if chunk.last_key is not None else after
         except _Stopped:
             return
-        except BaseException as error:  # handed to the committer, which stops the job
+        except BaseException as error:  # handed to the committer, which decides
             try:
                 self._put(error)
             except _Stopped:

@@ -59,7 +59,7 @@ class TableSnapshots:
         read_table: ReadTable,
         watched_columns: Callable[[Nanos], WatchedColumns],
         absent_keys: AbsentKeys,
-        version_retention: Nanos,
+        version_retention: Callable[[], Nanos],
         workers: int,
         log: Logger,
         stop: threading.Event,
@@ -93,7 +93,7 @@ class TableSnapshots:
 
     def resume(self) -> None:
         """Go on with a snapshot the previous process did not finish, from its landed keys;
-        ``SnapshotOutOfReach`` once its T1 is older than the database keeps versions."""
+        abandoned once its T1 is older than the database keeps versions."""
         progress = self.running
         if progress is None:
             return
@@ -102,7 +102,7 @@ class TableSnapshots:
             return
         try:
             deadline = check_reachable(
-                progress.read_timestamp, self._wall_clock(), self._version_retention
+                progress.read_timestamp, self._wall_clock(), self._version_retention()
             )
         except SnapshotOutOfReach as error:
             self._abandon(progress, error)
