@@ -15,7 +15,11 @@ the check.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
+import dataclasses
+import itertools
+import json
 import os
 import signal
 import subprocess
@@ -41,7 +45,7 @@ from emulator.verify import (
     latest_checkpoint,
 )
 from emulator.workload import CommittedTransaction, Workload, WorkloadConfig, load_existing_rows
-from ingest.model.timestamps import to_rfc3339
+from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from pipeline.catalog import discover_shapes
 
 EMULATOR_TIMESTAMP_DIGITS = 0
@@ -82,6 +86,10 @@ class Summary:
     lag_p99_s: float | None
     pipeline_batches: int
     rows_merged: int
+    mirror_p50_s: float | None
+    """Commit → mirror visible: from a transaction's commit to the end of the micro-batch that
+    made it readable in its mirror."""
+    mirror_p99_s: float | None
     check: MirrorCheck
 
 
@@ -136,10 +144,35 @@ def product_processes(options: RunOptions, database: str) -> tuple[Process, Proc
             "PIPELINE_CHECKPOINT_URI": str(folder / "pipeline-checkpoint"),
             "PIPELINE_MASTER": "local[2]",
             "PIPELINE_SHUFFLE_PARTITIONS": "2",
-            "PIPELINE_TRIGGER_INTERVAL_S": "2",
         },
     )
     return ingest, pipeline
+
+
+def mirror_latencies(commit_timestamps: list[int], batches: list[dict[str, Any]]) -> list[float]:
+    """Seconds from each commit to the end of the first micro-batch whose newest applied commit
+    is at or past it (the change log lands in commit order, so that batch applied it)."""
+    ends = sorted(
+        (parse_rfc3339(b["newest_commit"]), parse_rfc3339(b["timestamp"]))
+        for b in batches
+        if b.get("newest_commit")
+    )
+    newest = [n for n, _ in ends]
+    visible = list(itertools.accumulate((end for _, end in reversed(ends)), min))[::-1]
+    latencies = []
+    for commit in commit_timestamps:
+        index = bisect.bisect_left(newest, commit)
+        if index < len(ends):
+            latencies.append((visible[index] - commit) / 1e9)
+    return latencies
+
+
+def freshness(batches: list[dict[str, Any]], now_ns: int) -> str:
+    """How far the mirrors trail now: the newest commit applied, as seconds ago."""
+    applied = [b["newest_commit"] for b in batches if b.get("newest_commit")]
+    if not applied:
+        return ""
+    return f", mirrors fresh to {(now_ns - parse_rfc3339(max(applied))) / 1e9:.1f} s ago"
 
 
 def progress_line(elapsed: float, committed: int, ingest: Process, pipeline: Process) -> str:
@@ -160,6 +193,7 @@ def progress_line(elapsed: float, committed: int, ingest: Process, pipeline: Pro
         version += f", snapshot {snapshot[-1]['rows']} rows"
     if batches:
         pipeline_text = f"{len(batches)} batches, last {batches[-1]['seconds']:.1f} s"
+        pipeline_text += freshness(batches, time.time_ns())
     elif any(e["event"] == "pipeline_query_started" for e in pipeline.events()):
         pipeline_text = "first micro-batch running"
     else:
@@ -218,6 +252,9 @@ def summarize(
     checkpoint = latest_checkpoint(str(folder / "changelog"))
     snapshot = checkpoint.snapshot if checkpoint else None
     after = snapshot.read_timestamp if snapshot else 0
+    latencies = mirror_latencies(
+        [t.commit_timestamp for t in committed if t.commit_timestamp > after], batches
+    )
     return Summary(
         snapshot_rows=snapshot.rows if snapshot else None,
         committed=sum(t.commit_timestamp > after for t in committed),
@@ -226,11 +263,18 @@ def summarize(
         lag_p99_s=percentile(lags, 0.99),
         pipeline_batches=len(batches),
         rows_merged=sum(sum(e["rows"].values()) for e in batches),
+        mirror_p50_s=percentile(latencies, 0.5),
+        mirror_p99_s=percentile(latencies, 0.99),
         check=check,
     )
 
 
 def print_summary(summary: Summary, folder: Path) -> None:
+    """To the terminal, and as ``summary.json`` in the run folder for tools (bench/)."""
+    record = {k: v for k, v in dataclasses.asdict(summary).items() if k != "check"}
+    record["passed"] = summary.check.passed
+    (folder / "summary.json").write_text(json.dumps(record, indent=2))
+
     def seconds(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.2f} s"
 
@@ -245,6 +289,10 @@ def print_summary(summary: Summary, folder: Path) -> None:
     say(f"  watermark lag p50 / p99  {seconds(summary.lag_p50_s)} / {seconds(summary.lag_p99_s)}")
     say(
         f"  pipeline batches         {summary.pipeline_batches} ({summary.rows_merged} rows merged)"
+    )
+    say(
+        f"  commit → mirror p50/p99  {seconds(summary.mirror_p50_s)} / "
+        f"{seconds(summary.mirror_p99_s)}"
     )
     say(f"  mirrors equal Spanner    {verdict}")
     for line in summary.check.lines:

@@ -29,6 +29,9 @@ class PipelineConfig:
     trigger_interval_s: float = 1.0
     max_files_per_trigger: int = 1000
     """Change-log files per micro-batch, bounding a catch-up batch (Delta's own default)."""
+    local_merge_max_rows: int = 50_000
+    """Batches of at most this many mirror rows are merged on the driver by delta-rs, larger
+    ones by Spark; 0 merges every batch through Spark."""
     master: str = "local[*]"
     """Spark master; empty leaves it to spark-submit."""
     shuffle_partitions: int = 8
@@ -66,6 +69,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "trigger": choice("continuous", "available-now"),
     "trigger_interval_s": seconds(0, 86_400),
     "max_files_per_trigger": integer(1, 1_000_000),
+    "local_merge_max_rows": integer(0, 10_000_000),
     "master": str,
     "shuffle_partitions": integer(1, 10_000),
     "tombstone_ttl_s": seconds(1, 365 * 86_400),

@@ -160,7 +160,15 @@ def start_query(spark: Any, config: PipelineConfig, plan: Plan, stats: JobStats,
         started = time.monotonic()
         if "id" not in app_ids:
             app_ids["id"] = f"{config.job_id}:{checkpoint_id(config.checkpoint_uri)}"
-        result = write_batch(batch, batch_id, plan.shapes, config.mirror_root, app_ids["id"], log)
+        result = write_batch(
+            batch,
+            batch_id,
+            plan.shapes,
+            config.mirror_root,
+            app_ids["id"],
+            log,
+            config.local_merge_max_rows,
+        )
         seconds = time.monotonic() - started
         stats.batches += 1
         stats.rows_merged += sum(result.rows.values())

@@ -3,6 +3,7 @@ already holds rows, ends with PASS."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -10,6 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from emulator.local_run import mirror_latencies
+from ingest.model.timestamps import parse_rfc3339
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,7 +52,24 @@ def test_make_run_ends_with_pass(spanner_emulator: str, tmp_path: Path) -> None:
     # 15 s at 10/s; the seconds before the service's T0 are in the snapshot, not transactions
     assert committed == landed >= 50
     assert re.search(r"pipeline batches\s+[1-9]", result.stdout)
+    assert re.search(r"commit → mirror p50/p99\s+\d+\.\d+ s / \d+\.\d+ s", result.stdout)
+    assert "mirrors fresh to" in result.stdout, "progress lines show mirror freshness"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["passed"] is True and 0 < summary["mirror_p50_s"] <= summary["mirror_p99_s"]
     assert "WARN" not in result.stdout and "log4j" not in output, "Spark logs belong in files"
     for log in ("ingest.log", "pipeline.log"):
         assert (folder / log).stat().st_size > 0
     assert (folder / "mirrors" / "accounts" / "_delta_log").is_dir()
+
+
+def test_a_commit_is_visible_when_the_first_batch_at_or_past_it_ends() -> None:
+    def at(second: float) -> str:
+        return f"2026-01-01T00:00:{second:09.6f}Z"
+
+    batches = [  # logged out of order; the later-ending batch reached further
+        {"newest_commit": at(10), "timestamp": at(11.5)},
+        {"newest_commit": at(5), "timestamp": at(7)},
+        {"event": "pipeline_batch with nothing applied", "timestamp": at(8)},
+    ]
+    commits = [parse_rfc3339(at(s)) for s in (4, 5, 6, 11)]
+    assert mirror_latencies(commits, batches) == [3.0, 2.0, 5.5]

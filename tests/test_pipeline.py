@@ -17,8 +17,11 @@ from ingest.model.logs import null_logger
 from ingest.model.records import ColumnType
 from pipeline import catalog as pipeline_catalog
 from pipeline import job
+from pipeline.catalog import discover_shapes
 from pipeline.job import PipelineFailed, run_pipeline
-from pipeline.state.checkpoint import CheckpointInUse, CheckpointLock
+from pipeline.mirror import mirror_uri, write_batch
+from pipeline.processor import output_schema
+from pipeline.state.checkpoint import CheckpointInUse, CheckpointLock, checkpoint_id
 from pipeline.state.registry import SchemaRegistry
 from tests.builders import ACCOUNTS, ChangeLog
 from tests.pipeline_runs import configure, mirror_rows, processed_three_ways, run
@@ -81,6 +84,63 @@ def test_mirrors_follow_the_change_log_and_replays_change_nothing(spark, tmp_pat
         **expected,
         2: {"account_id": 2, "owner": "bo", "balance": 1},
     }
+
+
+@pytest.mark.parametrize("replayed_by", ["driver", "spark"])
+def test_a_batch_the_mirror_holds_is_skipped_whichever_way_merges_it_again(
+    spark, tmp_path: Path, replayed_by: str
+) -> None:
+    """A crash between the MERGE and Spark's checkpoint commit replays the batch: the mirror's
+    application transaction must skip it, whether delta-rs or delta-spark merged it first."""
+    config = configure(tmp_path)
+    seed(ChangeLog(config.changelog_uri))
+    stats = run(spark, config)
+    uri = mirror_uri(config.mirror_root, "accounts")
+    app_id = f"{config.job_id}:{checkpoint_id(config.checkpoint_uri)}"
+    last_batch = DeltaTable(uri).transaction_version(app_id)
+    assert last_batch is not None and last_batch == stats.batches - 1
+    shapes = discover_shapes(config.changelog_uri)
+    changed = spark.createDataFrame(
+        [("accounts", '{"account_id":"1"}', "UPSERT", "2030-01-01T00:00:00Z", (1, "zed", 5))],
+        output_schema(shapes),
+    )
+    limit = 1000 if replayed_by == "driver" else 0
+    before = mirror_rows(spark, config)
+    version = DeltaTable(uri).version()
+    write_batch(changed, last_batch, shapes, config.mirror_root, app_id, null_logger(), limit)
+    assert DeltaTable(uri).version() == version
+    assert mirror_rows(spark, config) == before
+
+    write_batch(changed, last_batch + 1, shapes, config.mirror_root, app_id, null_logger(), limit)
+    assert mirror_rows(spark, config)[1] == {"account_id": 1, "owner": "zed", "balance": 5}
+    assert DeltaTable(uri).transaction_version(app_id) == last_batch + 1
+
+
+@pytest.mark.parametrize("local_merge_max_rows", [1000, 0])
+def test_a_null_key_is_one_mirror_row_whichever_way_merges_it(
+    spark, tmp_path: Path, local_merge_max_rows: int
+) -> None:
+    """Spanner key columns may hold NULL: the NULL-keyed row is updated and deleted in place,
+    never inserted a second time."""
+    config = configure(tmp_path, local_merge_max_rows=local_merge_max_rows)
+    changelog = ChangeLog(config.changelog_uri)
+    null_key = {"account_id": None}
+    changelog.commit(("accounts", "INSERT", null_key, {"owner": "nil", "balance": "1"}))
+    changelog.commit(("accounts", "INSERT", {"account_id": "5"}, {"owner": "eve", "balance": "5"}))
+    changelog.land()
+    run(spark, config)
+    changelog.commit(("accounts", "UPDATE", null_key, {"owner": "nul", "balance": "2"}))
+    changelog.land()
+    run(spark, config)
+    assert mirror_rows(spark, config) == {
+        None: {"account_id": None, "owner": "nul", "balance": 2},
+        5: {"account_id": 5, "owner": "eve", "balance": 5},
+    }
+    assert DeltaTable(mirror_uri(config.mirror_root, "accounts")).to_pyarrow_table().num_rows == 2
+    changelog.commit(("accounts", "DELETE", null_key, {}))
+    changelog.land()
+    run(spark, config)
+    assert list(mirror_rows(spark, config)) == [5]
 
 
 def add_email_column(changelog: ChangeLog) -> None:

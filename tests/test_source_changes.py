@@ -14,6 +14,7 @@ import base64
 import datetime as dt
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class Source:
     database: Database
     changelog: Path
     service: Service
+    process: subprocess.Popen[bytes]
     folder: Path
 
     def ddl(self, *statements: str) -> None:
@@ -59,7 +61,7 @@ class Source:
         return from_datetime(batch.committed)
 
     def landed(
-        self, commit_timestamp: int, timeout: float = 60, changelog: Path | None = None
+        self, commit_timestamp: int, timeout: float = 180, changelog: Path | None = None
     ) -> None:
         """Wait until the change log's low watermark passes the commit."""
         deadline = time.monotonic() + timeout
@@ -68,7 +70,19 @@ class Source:
             if watermark is not None and watermark.low_watermark >= commit_timestamp:
                 return
             time.sleep(0.2)
-        raise AssertionError(f"commit {to_rfc3339(commit_timestamp)} did not land in {timeout} s")
+        raise AssertionError(
+            f"commit {to_rfc3339(commit_timestamp)} did not land in {timeout} s; "
+            + self.service_state()
+        )
+
+    def service_state(self) -> str:
+        """What the ingest service last said, for a failure message: alive or not, its newest
+        reader statistics and its last events."""
+        alive = "running" if self.process.poll() is None else f"exited {self.process.returncode}"
+        events = self.service.events()
+        stats = [e for e in events if e["event"] == "reader_stats"][-1:]
+        last = [f"{e['timestamp']} {e['event']}" for e in events[-15:]]
+        return f"service {alive}; last stats {stats}; last events: {last}"
 
     def job(self, name: str, changelog: Path | None = None) -> PipelineConfig:
         return configure(self.folder / name, changelog_uri=str(changelog or self.changelog))
@@ -96,7 +110,7 @@ def source(
     process = service.start()
     try:
         service.wait_for("ingest_started", 1, timeout=60, process=process)
-        yield Source(database, changelog, service, folder)
+        yield Source(database, changelog, service, process, folder)
     finally:
         process.send_signal(signal.SIGTERM)
         try:

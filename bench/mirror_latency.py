@@ -1,0 +1,85 @@
+"""Mirror freshness benchmark: commit → mirror visible, end to end, as `make run` runs the product.
+
+Each case is one `make run` (emulator, ingest service, pipeline and workload on this machine) on a
+fresh database: the workload's commit timestamps against the end of the micro-batch that made
+each commit readable in its mirror (``emulator.local_run.mirror_latencies``). The baseline is the
+same run with every MERGE through delta-spark (``PIPELINE_LOCAL_MERGE_MAX_ROWS=0``), the only
+path before issue 11.
+
+Usage: python bench/mirror_latency.py [--seconds 60] [--cases 20:driver,20:spark,100:driver]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MERGE_LIMITS = {"driver": "50000", "spark": "0"}
+
+
+def run_case(rate: float, merge: str, seconds: float, existing_rows: int, folder: Path) -> dict:
+    began = time.monotonic()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "emulator.local_run",
+            "--seconds",
+            str(seconds),
+            "--rate",
+            str(rate),
+            "--existing-rows",
+            str(existing_rows),
+            "--folder",
+            str(folder),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PIPELINE_LOCAL_MERGE_MAX_ROWS": MERGE_LIMITS[merge]},
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"make run failed ({merge}, {rate}/s):\n{result.stdout[-3000:]}")
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["wall_s"] = time.monotonic() - began
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--existing-rows", type=int, default=1000)
+    parser.add_argument("--cases", default="20:driver,20:spark,100:driver")
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="mirror-latency-"))
+    print(
+        f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores; make run with "
+        f"{args.seconds:g} s of workload, {args.existing_rows} existing rows"
+    )
+    print("rate/s\tmerge\tcommitted\tbatches\tp50 s\tp99 s\twatermark lag p50 s")
+    for case in args.cases.split(","):
+        rate, merge = case.split(":")
+        summary = run_case(
+            float(rate), merge, args.seconds, args.existing_rows, root / case.replace(":", "-")
+        )
+        print(
+            f"{rate}\t{merge}\t{summary['committed']}\t{summary['pipeline_batches']}\t"
+            f"{summary['mirror_p50_s']:.2f}\t{summary['mirror_p99_s']:.2f}\t"
+            f"{summary['lag_p50_s']:.2f}",
+            flush=True,
+        )
+    print(json.dumps({"work": str(root)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
