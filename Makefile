@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv jars test lint run bench-reader bench-ingest bench-pipeline bench-snapshot clean
+.PHONY: venv jars test lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency clean
 
 venv: $(STAMP)
 
@@ -49,6 +49,9 @@ bench-pipeline: venv jars
 
 bench-snapshot: venv jars
 	$(PY) bench/snapshot_throughput.py
+
+bench-latency: venv jars
+	$(PY) bench/mirror_latency.py
 
 clean:
 	rm -rf $(VENV) .jars .pytest_cache .hypothesis build *.egg-info

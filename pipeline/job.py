@@ -215,12 +215,16 @@ def run_pipeline(
 ) -> JobStats:
     """Run until stopped (continuous) or until the change log is processed (available-now).
 
+    A restart (a schema change, a conflict) counts against ``max_restarts`` only while no batch
+    lands between restarts: a long-running job meets many schema changes over its life.
+
     Setting ``drain`` turns a continuous run into an available-now one on the same session:
     the job processes what the change log holds at that moment, then returns, so whoever
     stopped the writers knows the mirrors have caught up (``make run``, a planned upgrade).
     """
     drain = drain or threading.Event()
     stats = JobStats()
+    in_a_row, batches_at_restart = 0, 0
     with CheckpointLock(config.checkpoint_uri, config.lock_stale_s, f"pipeline {config.job_id}"):
         spark = None
         while not stop.is_set():
@@ -254,10 +258,18 @@ def run_pipeline(
                     continue
                 break
             reason = next((m for m in RESTART_MARKERS if m in str(error)), None)
-            if reason is None or stats.restarts >= config.max_restarts:
+            if stats.batches > batches_at_restart:
+                in_a_row = 0
+            if reason is None or in_a_row >= config.max_restarts:
                 raise PipelineFailed(_with_changelog_version(_first_line(error), config)) from error
             stats.restarts += 1
-            log.warning("pipeline_query_restarting", reason=reason, restarts=stats.restarts)
+            in_a_row, batches_at_restart = in_a_row + 1, stats.batches
+            log.warning(
+                "pipeline_query_restarting",
+                reason=reason,
+                restarts=stats.restarts,
+                restarts_in_a_row=in_a_row,
+            )
     return stats
 
 

@@ -471,3 +471,54 @@ def test_a_row_that_cannot_be_applied_stops_the_job_with_one_line_and_no_value(
     logged = capfd.readouterr()
     assert "not-a-number" not in logged.out + logged.err, "a row value reached the logs"
     assert mirror_rows(spark, config)[1]["balance"] == 90  # what had landed is untouched
+
+
+class RestartingQuery:
+    """A query that fails with a restart marker after landing ``batches`` batches."""
+
+    def __init__(self, stats: job.JobStats, batches: int) -> None:
+        stats.batches += batches
+
+    def awaitTermination(self, timeout: float) -> bool:
+        from pyspark.errors import StreamingQueryException
+
+        raise StreamingQueryException(message="SOURCE_SCHEMA_CHANGED: table 'accounts'")
+
+    def stop(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("batches_between", "gives_up_after"),
+    [([1, 1, 1, 1, 1, 1, 1], None), ([1, 0, 0, 0], 3), ([0, 0, 1, 0, 0, 0], 5)],
+)
+def test_max_restarts_counts_restarts_without_a_batch_between_them(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    batches_between: list[int],
+    gives_up_after: int | None,
+) -> None:
+    """A long-running job meets many schema changes: only restarts in a row, with no batch
+    landed between them, count against max_restarts (2 here)."""
+    config = configure(tmp_path, max_restarts=2, trigger="continuous")
+    seed(ChangeLog(config.changelog_uri))
+    stop = threading.Event()
+    starts = iter(batches_between)
+
+    def start_query(spark, config, plan, stats, log):
+        batches = next(starts, None)
+        if batches is None:
+            stop.set()
+            batches = 0
+        return RestartingQuery(stats, batches)
+
+    monkeypatch.setattr(job, "start_query", start_query)
+    monkeypatch.setattr(job, "ensure_mirror", lambda *args: None)
+    monkeypatch.setattr(job, "roll_back_uncommitted_batch", lambda uri: [])
+    if gives_up_after is None:
+        stats = run_pipeline(config, null_logger(), stop, lambda: object())
+        assert stats.restarts >= len(batches_between)
+    else:
+        with pytest.raises(PipelineFailed, match="SOURCE_SCHEMA_CHANGED"):
+            run_pipeline(config, null_logger(), stop, lambda: object())
+        assert next(starts, "exhausted") == [*batches_between, "exhausted"][gives_up_after]
