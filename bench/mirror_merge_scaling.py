@@ -1,0 +1,142 @@
+"""Does a batch's MERGE cost grow with the mirror? The driver MERGE (delta-rs, the path every batch
+of up to ``local_merge_max_rows`` takes) of one 1,000-key batch into mirrors of different sizes.
+
+Each mirror holds ``rows`` rows of the benchmark's ``accounts`` shape (INT64 key, STRING, INT64,
+TIMESTAMP), written in key order in files of ``--file-rows`` rows, as a mirror grows from an
+initial snapshot. Batches are 1,000 keys, half updates of existing keys and half inserts past
+the end, either consecutive keys (``ordered``: keys that arrive in key order, as a workload that
+inserts and touches recent rows) or keys spread over the whole table (``random``). Each MERGE goes
+through ``pipeline.mirror.merge_on_driver``; the figure is the median of ``--repeats`` MERGEs.
+
+Usage: python bench/mirror_merge_scaling.py [--sizes 10000,10000000] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from ingest.model.records import ColumnType
+from pipeline.mirror import merge_on_driver
+from pipeline.processor import OPERATION
+from pipeline.state.variables import row_variable
+from pipeline.types import TableShape
+
+SHAPE = TableShape(
+    "accounts",
+    (
+        ColumnType("account_id", {"code": "INT64"}, True, 1),
+        ColumnType("owner", {"code": "STRING"}, False, 2),
+        ColumnType("balance", {"code": "INT64"}, False, 3),
+        ColumnType("updated_at", {"code": "TIMESTAMP"}, False, 4),
+    ),
+)
+BATCH_KEYS = 1000
+STAMP = pa.scalar(dt.datetime(2026, 11, 23, tzinfo=dt.UTC), pa.timestamp("us", tz="UTC"))
+
+
+def rows_of(keys: list[int]) -> pa.Table:
+    count = len(keys)
+    return pa.table(
+        {
+            "account_id": pa.array(keys, pa.int64()),
+            "owner": pa.array([f"owner-{k}" for k in keys]),
+            "balance": pa.array(keys, pa.int64()),
+            "updated_at": pa.array([STAMP.as_py()] * count, pa.timestamp("us", tz="UTC")),
+        }
+    )
+
+
+def build_mirror(uri: str, rows: int, file_rows: int) -> None:
+    for start in range(0, rows, file_rows):
+        keys = list(range(start, min(rows, start + file_rows)))
+        write_deltalake(uri, rows_of(keys), mode="append")
+
+
+def batch(keys: list[int]) -> pa.Table:
+    """Processor output as the driver MERGE receives it: operation and the row image struct."""
+    image = rows_of(keys)
+    columns = [c.combine_chunks() for c in image.columns]
+    struct = pa.StructArray.from_arrays(columns, names=image.column_names)
+    return pa.table(
+        {
+            "table_name": pa.array(["accounts"] * len(keys)),
+            OPERATION: pa.array(["UPSERT"] * len(keys)),
+            row_variable("accounts"): struct,
+        }
+    )
+
+
+def batch_keys(kind: str, rows: int, round_: int, rng: random.Random) -> list[int]:
+    half = BATCH_KEYS // 2
+    inserts = list(range(rows + round_ * half, rows + (round_ + 1) * half))
+    if kind == "ordered":
+        updates = list(range(max(0, rows - half * (round_ + 1)), rows - half * round_))
+    else:
+        updates = rng.sample(range(rows), half)
+    return sorted(updates + inserts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="10000,10000000")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--file-rows", type=int, default=1_000_000)
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="merge-scaling-"))
+    print(
+        f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores; deltalake MERGE of "
+        f"{BATCH_KEYS}-key batches, median of {args.repeats}; files of {args.file_rows} rows"
+    )
+    print("mirror rows\tkeys\tmedian s\tfiles rewritten (median)\tbuild s")
+    rng = random.Random(11)
+    baseline: dict[str, tuple[float, int]] = {}
+    for size in (int(s) for s in args.sizes.split(",")):
+        for kind in ("ordered", "random"):
+            uri = str(root / f"mirror-{size}-{kind}")
+            began = time.monotonic()
+            build_mirror(uri, size, args.file_rows)
+            built = time.monotonic() - began
+            seconds, rewritten = [], []
+            for round_ in range(args.repeats):
+                source = batch(batch_keys(kind, size, round_, rng))
+                before = DeltaTable(uri).version()
+                started = time.monotonic()
+                merge_on_driver(uri, SHAPE, source, "bench", round_)
+                seconds.append(time.monotonic() - started)
+                table = DeltaTable(uri)
+                assert table.version() == before + 1
+                metrics = table.history(1)[0].get("operationMetrics", {})
+                rewritten.append(int(metrics.get("num_target_files_removed", 0)))
+            median = statistics.median(seconds)
+            first, first_size = baseline.setdefault(kind, (median, size))
+            ratio = (
+                f"\t({median / first:.1f}x the {first_size}-row mirror)"
+                if size != first_size
+                else ""
+            )
+            print(
+                f"{size}\t{kind}\t{median:.3f}\t{statistics.median(rewritten):.0f}\t{built:.0f}"
+                f"{ratio}",
+                flush=True,
+            )
+            shutil.rmtree(uri, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
