@@ -1,9 +1,10 @@
 """Does a batch's MERGE cost grow with the mirror? The driver MERGE (delta-rs, the path every batch
 of up to ``local_merge_max_rows`` takes) of one 1,000-key batch into mirrors of different sizes.
 
-Each mirror holds ``rows`` rows of the benchmark's ``accounts`` shape (INT64 key, STRING, INT64,
-TIMESTAMP), written in key order in files of ``--file-rows`` rows, as a mirror grows from an
-initial snapshot. Batches are 1,000 keys, half updates of existing keys and half inserts past
+Each mirror is created by ``pipeline.mirror.create_mirror`` (with its ``delta.targetFileSize``)
+and holds ``rows`` rows of the benchmark's ``accounts`` shape (INT64 key, STRING, INT64,
+TIMESTAMP), appended in key order ``--file-rows`` at a time, as a mirror grows from an initial
+snapshot. Batches are 1,000 keys, half updates of existing keys and half inserts past
 the end, either consecutive keys (``ordered``: keys that arrive in key order, as a workload that
 inserts and touches recent rows) or keys spread over the whole table (``random``). Each MERGE goes
 through ``pipeline.mirror.merge_on_driver``; the figure is the median of ``--repeats`` MERGEs.
@@ -31,7 +32,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from ingest.model.records import ColumnType
-from pipeline.mirror import merge_on_driver
+from pipeline.mirror import create_mirror, merge_on_driver
 from pipeline.processor import OPERATION
 from pipeline.state.variables import row_variable
 from pipeline.types import TableShape
@@ -62,6 +63,8 @@ def rows_of(keys: list[int]) -> pa.Table:
 
 
 def build_mirror(uri: str, rows: int, file_rows: int) -> None:
+    """Created as the product creates a mirror, then appended to as its first batches would be."""
+    create_mirror(uri, SHAPE.struct())
     for start in range(0, rows, file_rows):
         keys = list(range(start, min(rows, start + file_rows)))
         write_deltalake(uri, rows_of(keys), mode="append")

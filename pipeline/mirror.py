@@ -61,6 +61,8 @@ def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+MIRROR_TARGET_FILE_BYTES = 16 * 1024 * 1024
+"""Mirror files written by the driver MERGE stay about this size (bench/RESULTS.md, mirror size)."""
 GENERATIONS_PROPERTY = "spanner_cdc.generations"
 """Mirror table property: the generation each column holds (pipeline.types.Generation)."""
 
@@ -79,7 +81,7 @@ def ensure_mirror(spark: SparkSession, uri: str, shape: TableShape, log: Logger)
     newer = {name: number for name, number in sorted(generations.items()) if number > 1}
     current = _read_mirror_metadata(uri)
     if current is None:
-        _create_mirror(uri, wanted, newer)
+        create_mirror(uri, wanted, newer)
         log.info("mirror_created", table=shape.name, uri=uri, columns=len(wanted.fields))
         return
     schema, properties = current
@@ -120,12 +122,18 @@ def ensure_mirror(spark: SparkSession, uri: str, shape: TableShape, log: Logger)
         _record_generations(spark, uri, newer)
 
 
-def _create_mirror(uri: str, struct: T.StructType, newer: dict[str, int]) -> None:
+def create_mirror(uri: str, struct: T.StructType, newer: dict[str, int] | None = None) -> None:
     """An empty mirror, created by delta-rs in milliseconds (Spark's empty write took seconds
-    per table at a job's first start). A Spark StructType's JSON is a Delta schema."""
+    per table at a job's first start). A Spark StructType's JSON is a Delta schema.
+
+    ``delta.targetFileSize`` bounds the files delta-rs writes: its MERGE rewrites every file it
+    touches, so smaller files keep a batch's cost from growing with the mirror.
+    """
     from deltalake import DeltaTable, Schema
 
-    properties = {GENERATIONS_PROPERTY: _generations_text(newer)} if newer else None
+    properties = {"delta.targetFileSize": str(MIRROR_TARGET_FILE_BYTES)}
+    if newer:
+        properties[GENERATIONS_PROPERTY] = _generations_text(newer)
     DeltaTable.create(
         uri,
         Schema.from_json(struct.json()),
