@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="merge-scaling-"))
     print(
         f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores; deltalake MERGE of "
-        f"{BATCH_KEYS}-key batches, median of {args.repeats}; files of {args.file_rows} rows"
+        f"{BATCH_KEYS}-key batches, median of {args.repeats}; built {args.file_rows} rows at a time"
     )
     print("mirror rows\tkeys\tmedian s\tfiles rewritten (median)\tbuild s")
     rng = random.Random(11)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -319,41 +319,35 @@ def write_batch(
         counts = {r["table_name"]: r["rows"] for r in per_table}
         newest = max((r["newest"] for r in per_table), default=None)
         if 0 < sum(counts.values()) <= local_merge_max_rows:
-            _merge_all_on_driver(changes.toArrow(), batch_id, shapes, mirror_root, app_id, log)
-            return BatchResult(counts, newest)
-        for table in sorted(counts):
-            for attempt in Retrying(
-                retry=retry_if_exception(_is_retryable_conflict),
-                stop=stop_after_attempt(5),
-                wait=wait_exponential_jitter(multiplier=0.2, max=5),
-                before_sleep=functools.partial(_log_retry, log, table, batch_id),
-                reraise=True,
-            ):
-                with attempt:
-                    merge_into_mirror(
-                        spark,
-                        mirror_uri(mirror_root, table),
-                        shapes[table],
-                        changes,
-                        app_id,
-                        batch_id,
-                    )
+            batch = changes.toArrow()
+            tables = batch.column("table_name")
+
+            def on_driver(table: str) -> None:
+                rows = batch.filter(pc.equal(tables, table))
+                merge_on_driver(
+                    mirror_uri(mirror_root, table), shapes[table], rows, app_id, batch_id
+                )
+
+            _merge_each_table(sorted(counts), on_driver, batch_id, log)
+        else:
+            _merge_each_table(
+                sorted(counts),
+                lambda table: merge_into_mirror(
+                    spark, mirror_uri(mirror_root, table), shapes[table], changes, app_id, batch_id
+                ),
+                batch_id,
+                log,
+            )
         return BatchResult(counts, newest)
     finally:
         changes.unpersist()
 
 
-def _merge_all_on_driver(
-    batch: pa.Table,
-    batch_id: int,
-    shapes: Mapping[str, TableShape],
-    mirror_root: str,
-    app_id: str,
-    log: Logger,
+def _merge_each_table(
+    tables: list[str], merge: Callable[[str], object], batch_id: int, log: Logger
 ) -> None:
-    tables = batch.column("table_name")
-    for table in sorted(set(tables.to_pylist())):
-        rows = batch.filter(pc.equal(tables, table))
+    """MERGE table by table, each retried after a conflict that left nothing committed."""
+    for table in tables:
         for attempt in Retrying(
             retry=retry_if_exception(_is_retryable_conflict),
             stop=stop_after_attempt(5),
@@ -362,9 +356,7 @@ def _merge_all_on_driver(
             reraise=True,
         ):
             with attempt:
-                merge_on_driver(
-                    mirror_uri(mirror_root, table), shapes[table], rows, app_id, batch_id
-                )
+                merge(table)
 
 
 def _log_retry(
