@@ -122,6 +122,9 @@ class ChangeApplier(StatefulProcessor):
         self.last_applied = handle.getValueState("last_applied", LAST_APPLIED)
         self.change_stats = handle.getValueState("change_stats", CHANGE_STATS)
         self.tombstone = handle.getValueState("tombstone", TOMBSTONE, self.tombstone_ttl_ms)
+        self.fixed_fields = {
+            table: shape.fixed_state_fields() for table, shape in self.shapes.items()
+        }
         self.columns_cache: dict[str, list[ColumnType]] = {}
         self.covered: dict[tuple[str, str, bool, bool], bool] = {}
 
@@ -237,15 +240,19 @@ class ChangeApplier(StatefulProcessor):
             columns = self.columns_cache[column_types] = parse_column_types(column_types)
         return columns
 
-    @staticmethod
     def _apply(
-        shape: TableShape, image: dict[str, Any] | None, columns: list[ColumnType], row: Row
+        self,
+        shape: TableShape,
+        image: dict[str, Any] | None,
+        columns: list[ColumnType],
+        row: Row,
     ) -> dict[str, Any]:
         """Merge the mod's keys and new values into the image (NEW_VALUES sends changed ones),
         each read with the column types of its own change record, into its generation's field;
         fields of older generations and dropped columns are cleared, as Spanner holds no value
         for them."""
         types = {c.name: c for c in columns}
+        fixed = self.fixed_fields[shape.name]
         updated = dict(image or {})
         when = row["commit_timestamp_text"]
         for text in (row["keys"], row["new_values"]):
@@ -253,9 +260,11 @@ class ChangeApplier(StatefulProcessor):
                 column = types.get(name)
                 if column is None:
                     raise _ValueError(f"column {name!r} is not in the row's column_types")
-                known = shape.column(name) or column
+                field = fixed.get(name)
+                if field is None:
+                    field = shape.state_field(shape.column(name) or column, when)
                 try:
-                    updated[shape.state_field(known, when)] = state_value(column.type, value)
+                    updated[field] = state_value(column.type, value)
                 except (ValueError, TypeError, ArithmeticError, LookupError) as error:
                     # from None: the decoder's message holds the value, and tracebacks are logged
                     code = column.type.get("code")

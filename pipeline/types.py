@@ -128,6 +128,16 @@ class TableShape:
                 return generations
         return (Generation(column.name, state_type(column.type), ""),)
 
+    def fixed_state_fields(self) -> dict[str, str]:
+        """The state field of each column with one generation: the same whatever a row's commit
+        time, so the processor looks it up once, not once per value."""
+        fields = {}
+        for column in self.columns:
+            generations = self.generations_of(column)
+            if len(generations) == 1:
+                fields[column.name] = generations[0].field
+        return fields
+
     def dropped_since(self, name: str) -> str | None:
         return next((since for column, since in self.dropped if column == name), None)
 
