@@ -261,9 +261,10 @@ def summarize(
     checkpoint = latest_checkpoint(str(folder / "changelog"))
     snapshot = checkpoint.snapshot if checkpoint else None
     after = snapshot.read_timestamp if snapshot else 0
-    steady = [b for b in batches if b.get("newest_commit")][:1]
+    first = next((b for b in batches if b.get("newest_commit")), None)
+    first_batch_ns = parse_rfc3339(first["timestamp"]) if first else None
     # from the first batch on: before it, commits wait for Spark to start
-    measured_after = max(after, parse_rfc3339(steady[0]["timestamp"])) if steady else after
+    measured_after = after if first_batch_ns is None else max(after, first_batch_ns)
     latencies = mirror_latencies(
         [t.commit_timestamp for t in committed if t.commit_timestamp > measured_after], batches
     )
@@ -282,9 +283,9 @@ def summarize(
         mirror_p99_s=percentile(latencies, 0.99),
         mirror_every_p50_s=percentile(every, 0.5),
         mirror_every_p99_s=percentile(every, 0.99),
-        first_batch_s=(parse_rfc3339(steady[0]["timestamp"]) - pipeline_started_ns) / 1e9
-        if steady
-        else None,
+        first_batch_s=None
+        if first_batch_ns is None
+        else (first_batch_ns - pipeline_started_ns) / 1e9,
         check=check,
     )
 

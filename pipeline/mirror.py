@@ -259,14 +259,14 @@ def merge_on_driver(
     done = mirror.transaction_version(app_id)
     if done is not None and done >= batch_id:
         return False
+    names = [f.name for f in shape.struct().fields]
     image = rows.column(row_variable(shape.name)).combine_chunks()
     columns = [rows.column(OPERATION).combine_chunks(), *image.flatten()]
-    names = [OPERATION, *(f.name for f in shape.struct().fields)]
-    source = pa.Table.from_arrays(columns, names=names)
+    source = pa.Table.from_arrays(columns, names=[OPERATION, *names])
     source = source.cast(
         pa.schema([pa.field(f.name, _utc_timestamps(f.type)) for f in source.schema])
     )
-    updates = {_sql_name(f.name): f"s.{_sql_name(f.name)}" for f in shape.struct().fields}
+    updates = {_sql_name(name): f"s.{_sql_name(name)}" for name in names}
     (
         mirror.merge(
             source,

@@ -139,7 +139,7 @@ def apply_ddl(database: Any, *statements: str) -> None:
     operation or read-write transaction"): try again until it takes."""
     for attempt in Retrying(
         retry=retry_if_exception_type(FailedPrecondition),
-        wait=wait_exponential_jitter(0.1, max=2),
+        wait=wait_exponential_jitter(multiplier=0.1, max=2),
         stop=stop_after_delay(60),
         reraise=True,
     ):
