@@ -33,7 +33,7 @@ from pipeline.processor import (
 from pipeline.state.checkpoint import CheckpointLock, checkpoint_id, roll_back_uncommitted_batch
 from pipeline.state.compatibility import Evolution, Limits, check_evolution, fields_added
 from pipeline.state.registry import Deployment, SchemaRegistry
-from pipeline.state.variables import state_schemas
+from pipeline.state.variables import legacy_variables, state_schemas
 from pipeline.types import TableShape
 
 Logger = structlog.typing.FilteringBoundLogger
@@ -62,9 +62,10 @@ def checked_state_schemas(
     Raises StateSchemaError when a rule is broken; run by every start and by
     ``check-state-schema``.
     """
-    schemas = state_schemas(shapes)
+    history = registry.history()
+    schemas = state_schemas(shapes, history[-1].schemas if history else None)
     evolution = check_evolution(
-        registry.history(),
+        history,
         schemas,
         config.confirmed_drop_set,
         Limits(config.max_evolutions_per_variable, config.max_evolutions_per_query),
@@ -153,6 +154,7 @@ def start_query(spark: Any, config: PipelineConfig, plan: Plan, stats: JobStats,
         plan.deleted_variables,
         plan.guarded_fields,
         int(config.tombstone_ttl_s * 1000),
+        legacy_variables(plan.deployment.schemas),
     )
     changes = read_changes(spark, config)
     applied = changes.groupBy("table_name", "keys").transformWithState(

@@ -14,6 +14,7 @@ import datetime as dt
 import hashlib
 import json
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import Row
@@ -22,7 +23,15 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 
 from ingest.delta.changelog import DELETES, SNAPSHOT_DELETE, SNAPSHOT_ROW
 from ingest.model.records import ColumnType, sequence_key
-from pipeline.state.variables import CHANGE_STATS, LAST_APPLIED, TOMBSTONE, row_variable
+from pipeline.state.variables import (
+    CHANGE_STATS,
+    LAST_APPLIED,
+    LEGACY_BOOKKEEPING,
+    TOMBSTONE,
+    entry_struct,
+    entry_variable,
+    row_variable,
+)
 from pipeline.types import (
     TableShape,
     lists_every_column,
@@ -97,6 +106,17 @@ def position(row: Any) -> tuple[str, str, tuple[int, str], int]:
     )
 
 
+@dataclass(slots=True)
+class _Entry:
+    """What state holds for one key before a batch's rows apply."""
+
+    image: dict[str, Any] | None
+    last: tuple | None
+    stats: dict[str, Any]
+    found_in: str
+    """"entry", "legacy" (layout 2's variables), "tombstone" or "" (a key never seen)."""
+
+
 class ChangeApplier(StatefulProcessor):
     def __init__(
         self,
@@ -104,24 +124,28 @@ class ChangeApplier(StatefulProcessor):
         deleted_variables: tuple[str, ...] = (),
         added_fields: Mapping[str, tuple[str, ...]] | None = None,
         tombstone_ttl_ms: int = 86_400_000,
+        legacy: Mapping[str, T.StructType] | None = None,
     ) -> None:
         self.shapes = dict(shapes)
         self.deleted_variables = deleted_variables
         self.added_fields = dict(added_fields or {})
         self.tombstone_ttl_ms = tombstone_ttl_ms
+        self.legacy = dict(legacy or {})
         self.output_fields = output_schema(shapes).fieldNames()
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         for name in self.deleted_variables:
             handle.deleteIfExists(name)
         self.structs = {table: shape.state_struct() for table, shape in self.shapes.items()}
-        self.images = {
-            table: handle.getValueState(row_variable(table), struct)
-            for table, struct in self.structs.items()
+        self.image_fields = {table: struct.fieldNames() for table, struct in self.structs.items()}
+        self.entries = {
+            table: handle.getValueState(entry_variable(table), entry_struct(shape))
+            for table, shape in self.shapes.items()
         }
-        self.last_applied = handle.getValueState("last_applied", LAST_APPLIED)
-        self.change_stats = handle.getValueState("change_stats", CHANGE_STATS)
         self.tombstone = handle.getValueState("tombstone", TOMBSTONE, self.tombstone_ttl_ms)
+        self.legacy_states = {
+            name: handle.getValueState(name, struct) for name, struct in self.legacy.items()
+        }
         self.fixed_fields = {
             table: shape.fixed_state_fields() for table, shape in self.shapes.items()
         }
@@ -136,11 +160,8 @@ class ChangeApplier(StatefulProcessor):
             return
         if shape is None:
             raise SourceSchemaChanged(f"{SOURCE_SCHEMA_CHANGED}: new table {table!r}")
-        image_state = self.images[table]
-        struct = self.structs[table]
-        image = _read(image_state, struct)
-        last, tombstoned = self._last_position()
-        stats = _read(self.change_stats, CHANGE_STATS) or dict.fromkeys(CHANGE_STATS.fieldNames())
+        entry = self._read_entry(table)
+        image, last, stats = entry.image, entry.last, entry.stats
         applied = None
         for row in sorted(rows, key=position):
             if last is not None and position(row) <= last:
@@ -165,31 +186,36 @@ class ChangeApplier(StatefulProcessor):
             applied["record_sequence"],
             applied["mod_index"],
         )
+        entry_state = self.entries[table]
         if image is None:
-            image_state.clear()
-            self.last_applied.clear()
-            self.change_stats.clear()
+            if entry.found_in == "entry":
+                entry_state.clear()
             self.tombstone.update(marker)
             output = self._key_image(shape, keys_json)
             operation = "DELETE"
         else:
-            written = tuple(image.get(name) for name in struct.fieldNames())
+            written = (
+                tuple(image.get(name) for name in self.image_fields[table]),
+                marker,
+                tuple(stats[f] for f in CHANGE_STATS.fieldNames()),
+            )
             try:
-                image_state.update(written)
+                entry_state.update(written)
             except Exception as error:
                 reason = f"state refused the row image: {_first_line(error)}"
                 raise RowNotApplicable(table, keys_json, applied, reason) from error
-            self.last_applied.update(marker)
-            self.change_stats.update(tuple(stats[f] for f in CHANGE_STATS.fieldNames()))
-            if tombstoned:
+            if entry.found_in == "tombstone":
                 self.tombstone.clear()
-            self._check_round_trip(table, image_state, image)
+            self._check_round_trip(table, image)
             output = {
                 c.name: None if field is None else mirror_value(c.type, image.get(field))
                 for c in shape.columns
                 for field in [shape.current_field(c)]
             }
             operation = "UPSERT"
+        if entry.found_in == "legacy":
+            for name in (row_variable(table), *LEGACY_BOOKKEEPING):
+                self.legacy_states[name].clear()
         values = {
             "table_name": table,
             "keys": keys_json,
@@ -202,13 +228,44 @@ class ChangeApplier(StatefulProcessor):
     def close(self) -> None:
         pass
 
-    def _last_position(self) -> tuple[tuple | None, bool]:
-        """The last applied position, and whether it is a tombstone's (a deleted row)."""
-        for state in (self.last_applied, self.tombstone):
-            marker = _read(state, LAST_APPLIED)
-            if marker is not None:
-                return position(marker), state is self.tombstone
-        return None, False
+    def _read_entry(self, table: str) -> _Entry:
+        """The key's entry: one state-server call for a key seen before, then layout 2's
+        variables for a key not moved yet, then the tombstone of a deleted key."""
+        value = self.entries[table].get()
+        if value is not None:
+            image, marker, stats = value
+            return _Entry(
+                _as_dict(image, self.image_fields[table]),
+                position(_as_dict(marker, LAST_APPLIED.fieldNames())),
+                _as_dict(stats, CHANGE_STATS.fieldNames()),
+                "entry",
+            )
+        legacy = self._read_legacy(table)
+        if legacy is not None:
+            return legacy
+        marker = _read(self.tombstone, LAST_APPLIED)
+        blank = dict.fromkeys(CHANGE_STATS.fieldNames())
+        if marker is None:
+            return _Entry(None, None, blank, "")
+        return _Entry(None, position(marker), blank, "tombstone")
+
+    def _read_legacy(self, table: str) -> _Entry | None:
+        """A live key as layout 2 kept it (image, last_applied and change_stats variables)."""
+        image_state = self.legacy_states.get(row_variable(table))
+        if image_state is None:
+            return None
+        image = _read(image_state, self.legacy[row_variable(table)])
+        if image is None:
+            return None
+        marker = _read(self.legacy_states["last_applied"], LAST_APPLIED)
+        stats = _read(self.legacy_states["change_stats"], CHANGE_STATS)
+        fields = set(self.image_fields[table])
+        return _Entry(
+            {name: value for name, value in image.items() if name in fields},
+            None if marker is None else position(marker),
+            stats or dict.fromkeys(CHANGE_STATS.fieldNames()),
+            "legacy",
+        )
 
     def _check_schema_rows(self, shape: TableShape | None, rows: Iterator[Row]) -> None:
         """Schema rows apply to no key; one showing a drop the shape lacks restarts the job,
@@ -282,20 +339,29 @@ class ChangeApplier(StatefulProcessor):
             if (c := shape.column(name)) is not None
         }
 
-    def _check_round_trip(self, table: str, state: Any, image: dict[str, Any]) -> None:
-        """Fields added by this deployment must read back as written.
+    def _check_round_trip(self, table: str, image: dict[str, Any]) -> None:
+        """Image fields added by this deployment must read back as written.
 
         Guards the open-source bug where, after a failed first batch following an evolution,
         added fields are stored as None for a whole run (docs/design.md, facts).
         """
-        added = self.added_fields.get(row_variable(table))
-        if not added:
+        variable = entry_variable(table)
+        added = [p.removeprefix("image.") for p in self.added_fields.get(variable, ())]
+        written = [f for f in added if image.get(f) is not None]
+        if not written:
             return
-        stored = _read(state, self.structs[table]) or {}
-        lost = [f for f in added if image.get(f) is not None and stored.get(f) is None]
+        try:
+            value = self.entries[table].get()
+        except Exception as error:  # the same bug, met with nested fields: the read fails
+            raise StateRoundTripMismatch(
+                f"{STATE_ROUNDTRIP_MISMATCH}: {variable} could not be read back: "
+                f"{_first_line(error)}"
+            ) from error
+        stored = _as_dict(value[0] if value else None, self.image_fields[table])
+        lost = [f for f in written if stored.get(f) is None]
         if lost:
             raise StateRoundTripMismatch(
-                f"{STATE_ROUNDTRIP_MISMATCH}: {row_variable(table)} fields {lost} read back None"
+                f"{STATE_ROUNDTRIP_MISMATCH}: {variable} fields {lost} read back None"
             )
 
 
@@ -310,6 +376,10 @@ class _ValueError(Exception):
 def _first_line(error: BaseException) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return (lines[-1] if lines else type(error).__name__)[:300]
+
+
+def _as_dict(value: Any, names: list[str]) -> dict[str, Any]:
+    return {} if value is None else dict(zip(names, value, strict=True))
 
 
 def _read(state: Any, schema: T.StructType) -> dict[str, Any] | None:

@@ -83,7 +83,7 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
             1,
             timeout=180,
             process=running,
-            where=lambda e: "nickname" in e["guarded_fields"].get("row_accounts", ()),
+            where=lambda e: "image.nickname" in e["guarded_fields"].get("entry_accounts", ()),
         )
         batches = pipeline.count("pipeline_batch")
         pipeline.wait_for("pipeline_batch", batches + 1, timeout=300, process=running)

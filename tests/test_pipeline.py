@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import re
+import shutil
 import threading
 from pathlib import Path
 
@@ -23,10 +25,15 @@ from pipeline.mirror import mirror_uri, write_batch
 from pipeline.processor import output_schema
 from pipeline.state.checkpoint import CheckpointInUse, CheckpointLock, checkpoint_id
 from pipeline.state.registry import SchemaRegistry
-from tests.builders import ACCOUNTS, ChangeLog
+from tests.builders import ACCOUNTS, START, ChangeLog
 from tests.pipeline_runs import configure, mirror_rows, processed_three_ways, run
 
 EMAIL = ColumnType("email", {"code": "STRING"}, False, 4)
+BRANCHES = (
+    ColumnType("code", {"code": "STRING"}, True, 1),
+    ColumnType("city", {"code": "STRING"}, False, 2),
+)
+LAYOUT_2 = Path(__file__).parent / "fixtures" / "layout2"
 
 
 def seed(changelog: ChangeLog) -> None:
@@ -192,7 +199,7 @@ def test_a_new_spanner_column_evolves_state_and_mirror_even_if_the_next_batch_fa
     assert rows[3]["email"] is None
     history = SchemaRegistry(config.checkpoint_uri).history()
     assert [d.number for d in history] == [1, 2]
-    assert "email" in history[1].schemas["row_accounts"].fieldNames()
+    assert "email" in history[1].schemas["entry_accounts"]["image"].dataType.fieldNames()
 
 
 def test_without_the_guard_the_open_source_bug_loses_the_new_field(
@@ -235,7 +242,8 @@ def test_a_string_column_turned_bytes_widens_state_and_rewrites_the_mirror(
     changelog.land()
     run(spark, config)
     history = SchemaRegistry(config.checkpoint_uri).history()
-    assert history[-1].schemas["row_accounts"]["owner"].dataType.simpleString() == "binary"
+    image = history[-1].schemas["entry_accounts"]["image"].dataType
+    assert image["owner"].dataType.simpleString() == "binary"
     rows = mirror_rows(spark, config)
     assert rows[5]["owner"] == bytearray(b"\x00zed")
     assert rows[3] == {"account_id": 3, "owner": bytearray(b"cy"), "balance": 8}
@@ -419,7 +427,8 @@ def test_a_column_dropped_and_added_again_with_another_type_is_a_new_generation(
     fields = SchemaRegistry(str(tmp_path / "three" / "following" / "checkpoint")).latest()
     assert fields is not None
     assert [
-        (f.name, f.dataType.simpleString()) for f in fields.schemas["row_accounts"].fields[3:]
+        (f.name, f.dataType.simpleString())
+        for f in fields.schemas["entry_accounts"]["image"].dataType.fields[3:]
     ] == [("ratio", "double"), ("ratio__g2", "float"), ("ratio__g3", "double")]
 
 
@@ -522,3 +531,83 @@ def test_max_restarts_counts_restarts_without_a_batch_between_them(
         with pytest.raises(PipelineFailed, match="SOURCE_SCHEMA_CHANGED"):
             run_pipeline(config, null_logger(), stop, lambda: object())
         assert next(starts, "exhausted") == [*batches_between, "exhausted"][gives_up_after]
+
+
+def layout_2_checkpoint(tmp_path: Path) -> job.PipelineConfig:
+    """A copy of the last layout-2 version's change log, checkpoint and mirrors
+    (tests/fixtures/make_layout2_checkpoint.py). Spark's state metadata names its schema files by
+    absolute path: the copy's are rewritten, and their checksums dropped."""
+    shutil.copytree(LAYOUT_2, tmp_path, dirs_exist_ok=True)
+    for path in (tmp_path / "checkpoint/state/0/_metadata/v2").iterdir():
+        if path.name.startswith("."):
+            path.unlink()
+        else:
+            moved = re.sub(
+                r'file:[^"]*?/checkpoint/', f"file:{tmp_path}/checkpoint/", path.read_text()
+            )
+            path.write_text(moved)
+    return configure(tmp_path)
+
+
+def test_a_layout_2_checkpoint_moves_into_entries_key_by_key(spark, tmp_path: Path) -> None:
+    """Keys of a checkpoint written before one state value per key are read from layout 2's
+    variables, with their positions (replayed older rows stay ignored, deleted keys stay
+    deleted) and images (NEW_VALUES updates keep the other columns), then move to their entry."""
+    config = layout_2_checkpoint(tmp_path)
+    kept = {
+        1: {"account_id": 1, "owner": "ann", "balance": 90, "email": None},
+        3: {"account_id": 3, "owner": "cy", "balance": 7, "email": None},
+        4: {"account_id": 4, "owner": "di", "balance": 4, "email": "d@x"},
+    }
+    assert mirror_rows(spark, config) == kept
+    inserts = DeltaTable(config.changelog_uri).to_pyarrow_table(
+        filters=[("mod_type", "=", "INSERT")]
+    )
+    assert inserts.num_rows == 6
+
+    write_deltalake(config.changelog_uri, inserts, mode="append")
+    run(spark, config)
+    assert mirror_rows(spark, config) == kept
+    history = SchemaRegistry(config.checkpoint_uri).history()
+    assert [d.layout for d in history] == [2, 2, 3]
+    assert {"row_accounts", "row_branches", "last_applied", "change_stats"} <= set(
+        history[-1].schemas
+    )
+    assert history[-1].schemas["row_accounts"] == history[1].schemas["row_accounts"]
+
+    changelog = ChangeLog(
+        config.changelog_uri,
+        columns={"accounts": (*ACCOUNTS, EMAIL), "branches": BRANCHES},
+        clock=START + 10**12,
+        value_capture_type="NEW_VALUES",
+    )
+    changelog.commit(
+        ("accounts", "UPDATE", {"account_id": "1"}, {"balance": "11"}),
+        ("accounts", "UPDATE", {"account_id": "4"}, {"balance": "44"}),
+        ("branches", "UPDATE", {"code": "ber"}, {"city": "Bern"}),
+    )
+    changelog.land()
+    run(spark, config)
+    moved = {
+        **kept,
+        1: {"account_id": 1, "owner": "ann", "balance": 11, "email": None},
+        4: {"account_id": 4, "owner": "di", "balance": 44, "email": "d@x"},
+    }
+    assert mirror_rows(spark, config) == moved
+    assert mirror_rows(spark, config, "branches", "code") == {
+        "ber": {"code": "ber", "city": "Bern"},
+        "osl": {"code": "osl", "city": "Oslo"},
+    }
+    legacy = spark.read.format("statestore").option("stateVarName", "row_accounts")
+    assert sorted(r.key.keys for r in legacy.load(config.checkpoint_uri).collect()) == [
+        '{"account_id":"3"}'
+    ]
+
+    write_deltalake(config.changelog_uri, inserts, mode="append")
+    changelog.commit(("accounts", "UPDATE", {"account_id": "1"}, {"owner": "anna"}))
+    changelog.land()
+    run(spark, config)
+    assert mirror_rows(spark, config) == {
+        **moved,
+        1: {"account_id": 1, "owner": "anna", "balance": 11, "email": None},
+    }

@@ -30,6 +30,10 @@ V1 = {
     "remove_field": (struct(a=T.LongType(), b=T.StringType()), (2, "gone")),
     "reorder": (struct(a=T.LongType(), b=T.StringType()), (3, "three")),
     "removed_variable": (struct(a=T.LongType()), (4,)),
+    "add_nested_field": (
+        struct(image=struct(a=T.LongType()), position=struct(p=T.StringType())),
+        ((5,), ("five",)),
+    ),
 }
 V2 = {
     "int_to_long": struct(v=T.LongType()),
@@ -41,6 +45,9 @@ V2 = {
     "remove_field": struct(a=T.LongType()),
     "reorder": struct(b=T.StringType(), a=T.LongType()),
     "added_variable": struct(a=T.LongType()),
+    "add_nested_field": struct(
+        image=struct(a=T.LongType(), b=T.BinaryType()), position=struct(p=T.StringType())
+    ),
 }
 OUTPUT = struct(k=T.StringType(), seen=T.StringType())
 
@@ -133,3 +140,4 @@ def test_each_allowed_evolution_carries_state_across_a_restart(spark, tmp_path: 
     assert seen["remove_field"] == {"a": ["int", 2]}
     assert seen["reorder"] == {"b": ["str", "three"], "a": ["int", 3]}
     assert seen["added_variable"] is None
+    assert seen["add_nested_field"] == {"image": ["Row", [5, None]], "position": ["Row", ["five"]]}

@@ -22,9 +22,15 @@ from pyspark.sql import types as T
 from emulator.verify import canonical
 from ingest.model.records import ColumnType
 from pipeline.state.avro import avro_schema
-from pipeline.state.compatibility import Limits, StateSchemaError, check_evolution
+from pipeline.state.compatibility import Limits, Refusal, StateSchemaError, check_evolution
 from pipeline.state.registry import Deployment, SchemaRegistry
-from pipeline.state.variables import state_schemas
+from pipeline.state.variables import (
+    CHANGE_STATS,
+    LAST_APPLIED,
+    TOMBSTONE,
+    legacy_variables,
+    state_schemas,
+)
 from pipeline.types import Interval, merge_shapes, spark_value
 from tests.builders import ChangeLog
 
@@ -184,7 +190,7 @@ def test_state_schemas_follow_the_spanner_type_mapping() -> None:
         "array<bigint>",
     ]
     schemas = state_schemas(shapes)
-    row = schemas["row_t"]
+    row = schemas["entry_t"]["image"].dataType
     # State layout 2: STRING kept as bytes (STRING↔BYTES never touches state), arrays as JSON
     # text (Spark's Avro state refuses NULL elements).
     assert [f.dataType.simpleString() for f in row.fields] == [
@@ -201,8 +207,39 @@ def test_state_schemas_follow_the_spanner_type_mapping() -> None:
         "string",
         "string",
     ]
-    assert set(schemas) == {"row_t", "last_applied", "change_stats", "tombstone"}
-    fastavro.parse_schema(avro_schema(row, "row_t"))
+    # State layout 3: a key's image, position and statistics are one value.
+    assert set(schemas) == {"entry_t", "tombstone"}
+    assert schemas["entry_t"].fieldNames() == ["image", "last_applied", "change_stats"]
+    fastavro.parse_schema(avro_schema(schemas["entry_t"], "entry_t"))
+
+
+def test_a_layout_2_checkpoint_keeps_its_variables_as_recorded() -> None:
+    """Keys not rewritten since are read from them; a later column changes only the entry."""
+    recorded = {
+        "row_accounts": struct(account_id=T.LongType(), owner=T.BinaryType()),
+        "last_applied": LAST_APPLIED,
+        "change_stats": CHANGE_STATS,
+        "tombstone": TOMBSTONE,
+    }
+    payload = json.dumps(
+        [
+            {"name": name, "type": {"code": code}, "is_primary_key": n == 1, "ordinal_position": n}
+            for n, (name, code) in enumerate(
+                [("account_id", "INT64"), ("owner", "STRING"), ("email", "STRING")], 1
+            )
+        ]
+    )
+    at = "2026-11-22T00:00:00.000000000Z"
+    shapes = merge_shapes([Interval("accounts", payload, at, at)])
+    schemas = state_schemas(shapes, recorded)
+    assert set(schemas) == {*recorded, "entry_accounts"}
+    assert schemas["row_accounts"] == recorded["row_accounts"]
+    assert "email" in schemas["entry_accounts"]["image"].dataType.fieldNames()
+    evolution = check_evolution([Deployment(1, recorded, layout=2)], schemas)
+    assert evolution.added_variables == ("entry_accounts",)
+    assert evolution.removed_variables == ()
+    assert legacy_variables(schemas) == {n: s for n, s in recorded.items() if n != "tombstone"}
+    assert state_schemas(shapes, state_schemas(shapes)) == state_schemas(shapes)
 
 
 def test_mod_values_become_values_of_the_mapped_spark_type() -> None:
@@ -272,15 +309,22 @@ def test_check_state_schema_command_refuses_before_spark(tmp_path: Path) -> None
     first = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0 and first.stdout.startswith("ok: added variables"), first.stderr
     recorded = state_schemas(merge_shapes([]))
-    recorded["row_accounts"] = struct(
-        account_id=T.LongType(), owner=T.StringType(), balance=T.DoubleType()
+    recorded["entry_accounts"] = T.StructType(
+        [
+            T.StructField(
+                "image",
+                struct(account_id=T.LongType(), owner=T.BinaryType(), balance=T.DoubleType()),
+            ),
+            T.StructField("last_applied", LAST_APPLIED),
+            T.StructField("change_stats", CHANGE_STATS),
+        ]
     )
     SchemaRegistry(str(checkpoint)).record(recorded, ())
     second = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert second.returncode == 2
     assert second.stderr.strip().splitlines() == [
-        "error: state schema change refused (1): state variable 'row_accounts', field "
-        "'balance': narrowing: double → bigint; allowed are int→bigint/float/double, "
+        "error: state schema change refused (1): state variable 'entry_accounts', field "
+        "'image.balance': narrowing: double → bigint; allowed are int→bigint/float/double, "
         "bigint→float/double, float→double and string↔binary"
     ]
 
@@ -321,16 +365,17 @@ def test_a_lock_file_cut_short_blocks_only_until_it_is_stale(tmp_path: Path) -> 
     assert not lock_file.exists()
 
 
-def test_a_layout_1_checkpoint_with_arrays_is_refused_with_how_to_rebuild() -> None:
-    old = {"row_t": struct(id=T.LongType(), s=T.StringType(), a=T.ArrayType(T.LongType()))}
-    new = {"row_t": struct(id=T.LongType(), s=T.BinaryType(), a=T.StringType())}
+def test_a_layout_1_checkpoint_is_refused_with_one_line_on_how_to_rebuild() -> None:
+    old = {"row_t": struct(id=T.LongType(), s=T.StringType())}
     with pytest.raises(StateSchemaError) as caught:
-        check_evolution([Deployment(1, old, layout=1)], new)
-    message = str(caught.value)
-    assert "field 'a': type change: array<bigint> → string" in message
-    assert "state layout changed" in message and "Replay" in message
-    assert "field 's'" not in message  # string → binary carries the values across
-    check_evolution(
-        [Deployment(1, {"row_t": struct(id=T.LongType(), s=T.StringType())}, layout=1)],
-        {"row_t": struct(id=T.LongType(), s=T.BinaryType())},
-    )
+        check_evolution([Deployment(1, old, layout=1)], {"row_t": old["row_t"]})
+    assert caught.value.refusals == [
+        Refusal(
+            "*",
+            "",
+            "state layout changed",
+            "the checkpoint was recorded with state layout 1, this version reads layouts 2 to 3 "
+            "(STRING as bytes, arrays as JSON text); rebuild the mirrors from the change log "
+            "(README, Replay)",
+        )
+    ]

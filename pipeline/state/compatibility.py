@@ -16,6 +16,10 @@ from pyspark.sql import types as T
 from pipeline.state.registry import Deployment
 from pipeline.state.variables import STATE_LAYOUT
 
+OLDEST_READABLE_LAYOUT = 2
+"""Layout 2 state moves into layout 3 entries key by key (pipeline.state.variables); layout 1
+values have other types."""
+
 _WIDENINGS = {
     ("int", "bigint"),
     ("int", "float"),
@@ -121,24 +125,34 @@ def check_evolution(
                 "spark.sql.streaming.stateStore.maxNumStateSchemaFiles)",
             )
         )
-    if refusals and history[-1].layout < STATE_LAYOUT:
-        refusals.append(
+    if history[-1].layout < OLDEST_READABLE_LAYOUT:
+        refusals = [
             Refusal(
                 "*",
                 "",
                 "state layout changed",
                 f"the checkpoint was recorded with state layout {history[-1].layout}, this "
-                f"version uses layout {STATE_LAYOUT} (STRING as bytes, arrays as JSON text); "
-                "rebuild the mirrors from the change log (README, Replay)",
+                f"version reads layouts {OLDEST_READABLE_LAYOUT} to {STATE_LAYOUT} (STRING as "
+                "bytes, arrays as JSON text); rebuild the mirrors from the change log "
+                "(README, Replay)",
             )
-        )
+        ]
     if refusals:
         raise StateSchemaError(refusals)
     return evolution
 
 
 def fields_added(old: T.StructType, new: T.StructType) -> tuple[str, ...]:
-    return tuple(f for f in new.fieldNames() if f not in old.fieldNames())
+    """Fields of ``new`` that ``old`` lacks, nested ones as dotted paths (``image.email``)."""
+    before = {f.name: f.dataType for f in old.fields}
+    added: list[str] = []
+    for field in new.fields:
+        kept = before.get(field.name)
+        if kept is None:
+            added.append(field.name)
+        elif isinstance(kept, T.StructType) and isinstance(field.dataType, T.StructType):
+            added += [f"{field.name}.{path}" for path in fields_added(kept, field.dataType)]
+    return tuple(added)
 
 
 def _evolution_count(history: list[Deployment], variable: str) -> int:
