@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv jars test lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency clean
+.PHONY: venv jars test lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency bench-mirror-size clean
 
 venv: $(STAMP)
 
@@ -52,6 +52,10 @@ bench-snapshot: venv jars
 
 bench-latency: venv jars
 	$(PY) bench/mirror_latency.py
+
+bench-mirror-size: venv jars
+	$(PY) bench/mirror_merge_scaling.py
+	$(PY) bench/mirror_size_end_to_end.py
 
 clean:
 	rm -rf $(VENV) .jars .pytest_cache .hypothesis build *.egg-info

@@ -93,6 +93,10 @@ class Summary:
     mirror_every_p50_s: float | None
     """The same over every commit after T0, those that waited for Spark's start included."""
     mirror_every_p99_s: float | None
+    changelog_to_mirror_p50_s: float | None
+    """The pipeline's share: from the change-log commit that landed a transaction to the end of
+    the micro-batch that made it visible, for commits after the pipeline's first batch."""
+    changelog_to_mirror_p99_s: float | None
     first_batch_s: float | None
     """From starting `pipeline run` to the end of its first micro-batch."""
     check: MirrorCheck
@@ -154,22 +158,52 @@ def product_processes(options: RunOptions, database: str) -> tuple[Process, Proc
     return ingest, pipeline
 
 
-def mirror_latencies(commit_timestamps: list[int], batches: list[dict[str, Any]]) -> list[float]:
-    """Seconds from each commit to the end of the first micro-batch whose newest applied commit
-    is at or past it (the change log lands in commit order, so that batch applied it)."""
-    ends = sorted(
+def visible_at(commit_timestamps: list[int], marks: list[tuple[int, int]]) -> list[int | None]:
+    """When each commit became visible: the earliest time of a mark (reached through, at) whose
+    reach is at or past it; None if none is. Marks may come in any order."""
+    ends = sorted(marks)
+    reached = [r for r, _ in ends]
+    earliest = list(itertools.accumulate((at for _, at in reversed(ends)), min))[::-1]
+    return [
+        earliest[index] if (index := bisect.bisect_left(reached, commit)) < len(ends) else None
+        for commit in commit_timestamps
+    ]
+
+
+def batch_marks(batches: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """Micro-batches as (newest commit applied, end): the change log lands in commit order, so
+    a batch has applied every commit up to its newest."""
+    return [
         (parse_rfc3339(b["newest_commit"]), parse_rfc3339(b["timestamp"]))
         for b in batches
         if b.get("newest_commit")
-    )
-    newest = [n for n, _ in ends]
-    visible = list(itertools.accumulate((end for _, end in reversed(ends)), min))[::-1]
-    latencies = []
-    for commit in commit_timestamps:
-        index = bisect.bisect_left(newest, commit)
-        if index < len(ends):
-            latencies.append((visible[index] - commit) / 1e9)
-    return latencies
+    ]
+
+
+def landing_marks(commits: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """Change-log commits as (low watermark, time): a transaction lands once W passes it."""
+    return [(parse_rfc3339(c["low_watermark"]), parse_rfc3339(c["timestamp"])) for c in commits]
+
+
+def mirror_latencies(commit_timestamps: list[int], batches: list[dict[str, Any]]) -> list[float]:
+    """Seconds from each commit to the end of the first micro-batch whose newest applied commit
+    is at or past it."""
+    visible = visible_at(commit_timestamps, batch_marks(batches))
+    return [(v - c) / 1e9 for c, v in zip(commit_timestamps, visible, strict=True) if v is not None]
+
+
+def pipeline_latencies(
+    commit_timestamps: list[int], batches: list[dict[str, Any]], commits: list[dict[str, Any]]
+) -> list[float]:
+    """The pipeline's share of commit → mirror: seconds from the change-log commit that landed a
+    transaction to the end of the micro-batch that made it visible."""
+    landed = visible_at(commit_timestamps, landing_marks(commits))
+    mirrored = visible_at(commit_timestamps, batch_marks(batches))
+    return [
+        (mirror - land) / 1e9
+        for land, mirror in zip(landed, mirrored, strict=True)
+        if land is not None and mirror is not None
+    ]
 
 
 def freshness(batches: list[dict[str, Any]], now_ns: int) -> str:
@@ -256,7 +290,8 @@ def summarize(
     pipeline_started_ns: int,
 ) -> Summary:
     folder = ingest.log.parent
-    lags = [e["watermark_lag_seconds"] for e in ingest.events() if e["event"] == "delta_commit"]
+    commits = [e for e in ingest.events() if e["event"] == "delta_commit"]
+    lags = [e["watermark_lag_seconds"] for e in commits]
     batches = [e for e in pipeline.events() if e["event"] == "pipeline_batch"]
     checkpoint = latest_checkpoint(str(folder / "changelog"))
     snapshot = checkpoint.snapshot if checkpoint else None
@@ -265,9 +300,9 @@ def summarize(
     first_batch_ns = parse_rfc3339(first["timestamp"]) if first else None
     # from the first batch on: before it, commits wait for Spark to start
     measured_after = after if first_batch_ns is None else max(after, first_batch_ns)
-    latencies = mirror_latencies(
-        [t.commit_timestamp for t in committed if t.commit_timestamp > measured_after], batches
-    )
+    measured = [t.commit_timestamp for t in committed if t.commit_timestamp > measured_after]
+    latencies = mirror_latencies(measured, batches)
+    pipeline_share = pipeline_latencies(measured, batches, commits)
     every = mirror_latencies(
         [t.commit_timestamp for t in committed if t.commit_timestamp > after], batches
     )
@@ -283,6 +318,8 @@ def summarize(
         mirror_p99_s=percentile(latencies, 0.99),
         mirror_every_p50_s=percentile(every, 0.5),
         mirror_every_p99_s=percentile(every, 0.99),
+        changelog_to_mirror_p50_s=percentile(pipeline_share, 0.5),
+        changelog_to_mirror_p99_s=percentile(pipeline_share, 0.99),
         first_batch_s=None
         if first_batch_ns is None
         else (first_batch_ns - pipeline_started_ns) / 1e9,
@@ -318,6 +355,10 @@ def print_summary(summary: Summary, folder: Path) -> None:
     say(
         f"                 p50/p99  {seconds(summary.mirror_every_p50_s)} / "
         f"{seconds(summary.mirror_every_p99_s)} (every commit after T0)"
+    )
+    say(
+        f"  change log → mirror      {seconds(summary.changelog_to_mirror_p50_s)} / "
+        f"{seconds(summary.changelog_to_mirror_p99_s)} (the pipeline's share, p50/p99)"
     )
     say(f"  pipeline first batch     {seconds(summary.first_batch_s)} after its start")
     say(f"  mirrors equal Spanner    {verdict}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator.local_run import freshness, mirror_latencies
+from emulator.local_run import freshness, mirror_latencies, pipeline_latencies
 from ingest.model.timestamps import parse_rfc3339
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +59,7 @@ def test_make_run_ends_with_pass(spanner_emulator: str, tmp_path: Path) -> None:
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["passed"] is True and summary["first_batch_s"] > 0
     assert 0 < summary["mirror_every_p50_s"] <= summary["mirror_every_p99_s"]
+    assert 0 < summary["changelog_to_mirror_p50_s"] <= summary["mirror_p50_s"]
     assert "WARN" not in result.stdout and "log4j" not in output, "Spark logs belong in files"
     for log in ("ingest.log", "pipeline.log"):
         assert (folder / log).stat().st_size > 0
@@ -76,5 +77,10 @@ def test_a_commit_is_visible_when_the_first_batch_at_or_past_it_ends() -> None:
     ]
     commits = [parse_rfc3339(at(s)) for s in (4, 5, 6, 11)]
     assert mirror_latencies(commits, batches) == [3.0, 2.0, 5.5]
+    landings = [  # the change-log commit at 6.5 s landed every transaction up to 6 s
+        {"low_watermark": at(6), "timestamp": at(6.5)},
+        {"low_watermark": at(11), "timestamp": at(11.25)},
+    ]
+    assert pipeline_latencies(commits, batches, landings) == [0.5, 0.5, 5.0]
     assert freshness(batches, parse_rfc3339(at(12.25))) == ", mirrors fresh to 2.2 s ago"
     assert freshness([], parse_rfc3339(at(12.25))) == ""
