@@ -35,6 +35,7 @@ class Service(Process):
                 "INGEST_LEASE_S": "3",
                 "INGEST_FLUSH_LATENCY_MS": "200",
                 "INGEST_HEARTBEAT_MS": "500",
+                "INGEST_QUERY_WINDOW_S": "5",
                 "INGEST_HEALTH_PORT": "0",
                 "INGEST_SNAPSHOT_MODE": "never",
                 **env,

@@ -36,6 +36,7 @@ def assert_one_error_line(result: subprocess.CompletedProcess[str], code: int, t
     [
         (["--heartbeat-ms", "50"], "heartbeat must be between 100 and 300000 ms, got 50"),
         (["--heartbeat-ms", "300001"], "heartbeat must be between 100 and 300000 ms"),
+        (["--query-window-s", "0.5"], "query window must be between 2 s (at least 1 s and two"),
         (["--start-timestamp", "yesterday"], "not an RFC 3339 timestamp"),
         (["--stream", "x; DROP TABLE accounts"], "is not a valid identifier"),
         (["--max-concurrent-partitions", "0"], "--max-concurrent-partitions must be at least 1"),

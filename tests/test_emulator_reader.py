@@ -42,9 +42,11 @@ def tail_while_committing(
                 start,
                 None,
                 "--heartbeat-ms",
-                "1000",
+                "500",
                 "--stats-interval-s",
                 "5",
+                "--query-window-s",
+                "1",
             ),
             stdout=stdout,
             stderr=stderr,
@@ -127,6 +129,14 @@ def test_googlesql_live_tail_under_partition_churn(new_database, tmp_path: Path)
     stats = [e for e in events if e["event"] == "reader_stats"]
     assert stats and all(e["watermark_lag_seconds"] >= 0 for e in stats)
     assert not [e for e in events if e["level"] == "error"]
+    assert_queries_were_bounded(events)
+
+
+def assert_queries_were_bounded(events: list[dict]) -> None:
+    """Partitions living past their 1 s query window were queried again, not retried."""
+    requeried = [e for e in events if e["event"] == "partition_running" and e["attempt"] > 1]
+    retries = [e for e in events if e["event"] == "partition_query_retry"]
+    assert len(requeried) > len(retries), (len(requeried), len(retries))
 
 
 @pytest.mark.emulator
@@ -138,6 +148,7 @@ def test_postgresql_live_tail(new_database, tmp_path: Path) -> None:
     assert_matches_committed(printed, committed)
     lineage = assert_partition_lineage(events)
     assert lineage["splits"] >= 1 and lineage["merges"] >= 1, lineage
+    assert_queries_were_bounded(events)
 
 
 @pytest.mark.emulator

@@ -143,6 +143,8 @@ def test_second_process_for_the_same_job_stands_by(new_database, tmp_path: Path)
         ("INGEST_DIALECT", "mysql", "expected one of auto, googlesql, postgresql"),
         ("SPANNER_CHANGE_STREAM", "a b", "SPANNER_CHANGE_STREAM='a b'"),
         ("INGEST_LEASE_S", "10", "must be at least twice checkpoint_interval_s"),
+        ("INGEST_QUERY_WINDOW_S", "1801", "expected seconds from 1 to 1800"),
+        ("INGEST_QUERY_WINDOW_S", "1.5", "query_window_s: query window must be between 2 s"),
         ("INGEST_CONFIG_FILE", "/nonexistent.toml", "config file /nonexistent.toml"),
     ],
 )

@@ -19,7 +19,7 @@ from ingest.changestream.reader import (
 )
 from ingest.changestream.retries import RetryPolicy
 from ingest.model.logs import null_logger
-from ingest.model.records import ChangeRecord, HeartbeatRecord, Transaction
+from ingest.model.records import ChangeRecord, ChildPartitionsRecord, HeartbeatRecord, Transaction
 from ingest.model.timestamps import Nanos
 from ingest.rules.partitions import INITIAL_PARTITION
 from tests.builders import captured_logger
@@ -91,6 +91,81 @@ def test_flaky_streams_deliver_every_transaction_once_in_order(seed: int) -> Non
         if e["event"] == "partition_running" and e["attempt"] == 1
     ]
     assert sorted(first_runs) == sorted({*topology.partitions, INITIAL_PARTITION})
+
+
+class WindowedSource:
+    """Honours each query's end timestamp as Spanner does: records up to it, then (the partition
+    living on) a heartbeat at it. One window in ten before the reader's end closes empty."""
+
+    def __init__(self, topology: Topology, seed: int) -> None:
+        self._streams = topology.records_by_partition()
+        self._final = topology.end
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self.ends: list[Nanos | None] = []
+        self.empty_closes = 0
+
+    def read(self, token: str | None, start: Nanos, end: Nanos | None) -> Iterator[ChangeRecord]:
+        assert end is not None
+        with self._lock:
+            self.ends.append(end)
+            empty = end < self._final and self._rng.random() < 0.1
+            self.empty_closes += empty
+        if empty:
+            return
+        ended = False
+        for record in records_from(self._streams[token or INITIAL_PARTITION], start):
+            if _timestamp(record) > end:
+                break
+            ended = ended or isinstance(record, ChildPartitionsRecord)
+            yield record
+        if not ended:
+            yield HeartbeatRecord(end)
+
+
+def _timestamp(record: ChangeRecord) -> Nanos:
+    if isinstance(record, HeartbeatRecord):
+        return record.timestamp
+    if isinstance(record, ChildPartitionsRecord):
+        return record.start_timestamp
+    return record.commit_timestamp  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bounded_query_windows_deliver_every_transaction_once_in_order(seed: int) -> None:
+    """Every query ends at most a window after it starts and the partition is queried again
+    from its resume timestamp; a window that closes with no record is retried as a failure."""
+    topology = build_topology(random.Random(seed), events=12, transactions=80)
+    source = WindowedSource(topology, seed)
+    log, events = captured_logger()
+    reader = ChangeStreamReader(
+        source,
+        ReaderConfig(
+            start_timestamp=topology.start,
+            end_timestamp=topology.end,
+            retry=FAST_RETRY,
+            query_window_s=10e-9,
+        ),
+        log,
+        wall_clock=lambda: 0,
+        sleep=lambda _: None,
+    )
+    released: list[Transaction] = []
+    watermarks: list[Nanos] = []
+
+    def collect(release: Release) -> None:
+        released.extend(release.transactions)
+        watermarks.append(release.low_watermark)
+
+    reader.run(collect, threading.Event())
+    assert released == topology.expected()
+    assert watermarks == sorted(watermarks)
+    assert None not in source.ends
+    requeried = [e for e in events if e["event"] == "partition_running" and e["attempt"] > 1]
+    assert len(requeried) > len(topology.partitions)
+    retries = [e for e in events if e["event"] == "partition_query_retry"]
+    assert len(retries) == source.empty_closes > 0
+    assert all("StreamEndedEarly" in e["cause"] for e in retries)
 
 
 @pytest.mark.parametrize("seed", range(4))

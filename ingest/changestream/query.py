@@ -62,6 +62,21 @@ def validate_heartbeat(heartbeat_ms: int) -> int:
     return heartbeat_ms
 
 
+MAX_QUERY_WINDOW_S = 1800.0
+"""Spanner's limit for MUTABLE_KEY_RANGE queries: end at most 30 minutes after max(now, start)."""
+
+
+def validate_query_window(window_s: float, heartbeat_ms: int) -> float:
+    """A window must hold heartbeats: one closing with no record counts as a failed query."""
+    low = max(1.0, 2 * heartbeat_ms / 1000)
+    if not low <= window_s <= MAX_QUERY_WINDOW_S:
+        raise ChangeStreamRequestError(
+            f"query window must be between {low:g} s (at least 1 s and two heartbeats) and "
+            f"{MAX_QUERY_WINDOW_S:g} s, got {window_s:g}"
+        )
+    return window_s
+
+
 def validate_start(start: Nanos, now: Nanos, info: ChangeStreamInfo) -> Nanos:
     if start > now:
         raise ChangeStreamRequestError(

@@ -45,6 +45,10 @@ class ReaderConfig:
     max_concurrent_partitions: int = 512
     memory_budget_bytes: int = 256 * 1024 * 1024
     stats_interval_s: float = 10.0
+    query_window_s: float = 120.0
+    """Every partition query ends at most this long after it starts (wall clock), then runs again
+    from its resume timestamp: Spanner bounds MUTABLE_KEY_RANGE queries to 30 minutes, and an
+    unbounded query holds its session and stream forever. Beam uses 2 minutes."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
@@ -272,9 +276,11 @@ class ChangeStreamReader:
             reraise=True,
         )
         try:
-            for attempt in retrying:
-                with attempt:
-                    self._query_once(token, start, progress)
+            finished = False
+            while not (finished or self._workers_stop.is_set()):
+                for attempt in retrying:
+                    with attempt:
+                        finished = self._query_once(token, start, progress)
         except BaseException as error:
             if not self._workers_stop.is_set():
                 self._events.put(_StreamFailed(token, error))
@@ -282,27 +288,38 @@ class ChangeStreamReader:
         if not self._workers_stop.is_set():
             self._events.put(_StreamEnded(token))
 
-    def _query_once(self, token: str, start: Nanos, progress: _Progress) -> None:
+    def _query_once(self, token: str, start: Nanos, progress: _Progress) -> bool:
+        """One bounded query of the partition: True once the partition is finished (its child
+        partitions record, or the reader's end timestamp), False when its window closed having
+        moved the partition on (query again from the resume timestamp)."""
         query_start = resume_timestamp(start, progress.watermark)
         watermark_before = progress.watermark
         self._events.put(_QueryStarted(token, query_start))
-        end = self._config.end_timestamp
+        window_end = max(self._wall_clock(), query_start) + int(
+            self._config.query_window_s * NANOS_PER_SECOND
+        )
+        final = self._config.end_timestamp
+        end = window_end if final is None else min(final, window_end)
         try:
             records = self._source.read(
                 None if token == INITIAL_PARTITION else token, query_start, end
             )
             for record in records:
                 if self._workers_stop.is_set():
-                    return
+                    return True
                 self._gate.wait_turn(progress.watermark, self._workers_stop)
                 progress.watermark = max(progress.watermark, watermark_after(record))
                 if isinstance(record, ChildPartitionsRecord):
                     progress.saw_child_partitions = True
                 self._events.put(_RecordRead(token, record))
-            bounded = end is not None
-            if not (progress.saw_child_partitions or bounded or self._workers_stop.is_set()):
+            if progress.saw_child_partitions or end == final or self._workers_stop.is_set():
+                finished = True
+            elif progress.watermark > watermark_before:
+                finished = False
+            else:
                 raise StreamEndedEarly(
-                    f"partition {token or '(initial)'} closed without a child partitions record"
+                    f"partition {token or '(initial)'} closed without a child partitions record "
+                    "or progress"
                 )
         except BaseException:
             made_progress = progress.watermark > watermark_before
@@ -311,3 +328,4 @@ class ChangeStreamReader:
             )
             raise
         progress.failures_without_progress = 0
+        return finished

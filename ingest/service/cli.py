@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--max-concurrent-partitions", type=int, default=512)
     tail.add_argument("--memory-budget-mb", type=int, default=256)
     tail.add_argument("--stats-interval-s", type=float, default=10.0)
+    tail.add_argument(
+        "--query-window-s",
+        type=float,
+        default=120.0,
+        help="each partition query ends this long after it starts, then runs again",
+    )
     tail.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run = commands.add_parser(
         "run", help="land the change stream in a Delta change-log table (long-running)"
@@ -114,6 +120,7 @@ class TailRequest:
 def prepare_tail(args: argparse.Namespace) -> TailRequest:
     """Validate everything that can be validated before the first partition query."""
     query.validate_heartbeat(args.heartbeat_ms)
+    query.validate_query_window(args.query_window_s, args.heartbeat_ms)
     query.validate_stream_name(args.stream)
     if args.max_concurrent_partitions < 1:
         raise UsageError("--max-concurrent-partitions must be at least 1")
@@ -138,6 +145,7 @@ def prepare_tail(args: argparse.Namespace) -> TailRequest:
         max_concurrent_partitions=args.max_concurrent_partitions,
         memory_budget_bytes=args.memory_budget_mb * 1024 * 1024,
         stats_interval_s=args.stats_interval_s,
+        query_window_s=args.query_window_s,
     )
     return TailRequest(
         query.ChangeStreamQuery(database, args.stream, dialect, args.heartbeat_ms), config

@@ -11,7 +11,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ingest.changestream.query import MAX_HEARTBEAT_MS, MIN_HEARTBEAT_MS
+from ingest.changestream.query import (
+    MAX_HEARTBEAT_MS,
+    MIN_HEARTBEAT_MS,
+    ChangeStreamRequestError,
+    validate_query_window,
+)
 from ingest.model.options import (
     ConfigError,
     choice,
@@ -34,6 +39,8 @@ class ServiceConfig:
     stream: str = "all_changes"
     dialect: str = "auto"
     heartbeat_ms: int = 1000
+    query_window_s: float = 120.0
+    """Each partition query ends this long after it starts, then runs again from where it was."""
     start_timestamp: Nanos | None = None
     """Where a job without a checkpoint starts; None means now."""
     table_uri: str = "./data/changelog"
@@ -73,6 +80,7 @@ ENVIRONMENT = {
         for name in (
             "dialect",
             "heartbeat_ms",
+            "query_window_s",
             "start_timestamp",
             "table_uri",
             "job_id",
@@ -113,6 +121,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "stream": identifier,
     "dialect": choice("auto", "googlesql", "postgresql"),
     "heartbeat_ms": integer(MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS),
+    "query_window_s": seconds(1, 1800),
     "start_timestamp": _timestamp,
     "table_uri": non_empty,
     "job_id": _job_id,
@@ -142,6 +151,10 @@ def load(environ: Mapping[str, str] | None = None, file: str | None = None) -> S
             f"lease_s ({config.lease_s}) must be at least twice checkpoint_interval_s "
             f"({config.checkpoint_interval_s}): a live writer commits once per interval"
         )
+    try:
+        validate_query_window(config.query_window_s, config.heartbeat_ms)
+    except ChangeStreamRequestError as error:
+        raise ConfigError(f"query_window_s: {error}") from None
     return config
 
 

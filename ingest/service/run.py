@@ -146,6 +146,7 @@ def _stream(
             max_concurrent_partitions=config.max_concurrent_partitions,
             memory_budget_bytes=config.memory_budget_mb * 1024 * 1024,
             stats_interval_s=config.stats_interval_s,
+            query_window_s=config.query_window_s,
         ),
         log,
         resume_from=resume,
