@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from emulator.server import free_port
+from ingest.service.health import HealthServer
 from tests.checks import start_after_setup
 from tests.delta_checks import assert_change_log_invariants, read_versions
 from tests.processes import Service, background_workload, wait_until_landed
@@ -56,6 +57,30 @@ def test_kill_9_at_random_moments_keeps_every_invariant(new_database, tmp_path: 
     assert len(owners) >= 5, f"seed {seed}: only {len(owners)} processes committed anything"
     # 35 s at 30/s; a loaded machine commits about a third of that
     assert kills >= 10 and len(committed) >= 200, (kills, len(committed))
+
+
+def test_readiness_fails_once_a_stuck_partition_restarts_without_moving() -> None:
+    class Landed:
+        commits = 1
+        last_commit_at = time.monotonic()
+
+    health = HealthServer(0, 60.0, Landed(), max_stuck_restarts=3)
+    try:
+        assert health.check("/readyz") == (
+            True,
+            {
+                "commits": 1,
+                "last_commit_age_s": pytest.approx(0, abs=5),
+                "stuck_partition_restarts": 0,
+            },
+        )
+        health.stuck_restarts = lambda: 2
+        assert health.check("/readyz")[0]
+        health.stuck_restarts = lambda: 3
+        ok, body = health.check("/readyz")
+        assert not ok and body["stuck_partition_restarts"] == 3
+    finally:
+        health.close()
 
 
 @pytest.mark.emulator

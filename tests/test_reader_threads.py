@@ -19,10 +19,17 @@ from ingest.changestream.reader import (
 )
 from ingest.changestream.retries import RetryPolicy
 from ingest.model.logs import null_logger
-from ingest.model.records import ChangeRecord, ChildPartitionsRecord, HeartbeatRecord, Transaction
-from ingest.model.timestamps import Nanos
+from ingest.model.records import (
+    ChangeRecord,
+    ChildPartition,
+    ChildPartitionsRecord,
+    HeartbeatRecord,
+    Transaction,
+)
+from ingest.model.timestamps import Nanos, to_rfc3339
 from ingest.rules.partitions import INITIAL_PARTITION
 from tests.builders import captured_logger
+from tests.builders import record as data_record
 from tests.simulation import Topology, build_topology, records_from
 
 FAST_RETRY = RetryPolicy(initial_backoff_s=0.001, max_backoff_s=0.01, max_failures=50)
@@ -166,6 +173,96 @@ def test_bounded_query_windows_deliver_every_transaction_once_in_order(seed: int
     retries = [e for e in events if e["event"] == "partition_query_retry"]
     assert len(retries) == source.empty_closes > 0
     assert all("StreamEndedEarly" in e["cause"] for e in retries)
+
+
+class StallingSource:
+    """Partition 'steady' heartbeats in real time. Partition 'stalling' goes silent (its query
+    open, no heartbeat) until the test ends, ``stalls`` times: its first query after five data
+    records, later ones at once. Queries after that answer in full."""
+
+    def __init__(self, end: Nanos, stalls: int) -> None:
+        self.end = end
+        self.stalls = stalls
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+
+    def transactions(self) -> list[Transaction]:
+        return [
+            Transaction(ts, f"tx{ts}", (data_record(ts, f"tx{ts}", 0, 1),)) for ts in self._times()
+        ]
+
+    def _times(self) -> range:
+        return range(1010, self.end + 1, 10)
+
+    def read(self, token: str | None, start: Nanos, end: Nanos | None) -> Iterator[ChangeRecord]:
+        assert end is not None
+        if token is None:
+            children = (ChildPartition("steady", ()), ChildPartition("stalling", ()))
+            yield ChildPartitionsRecord(1000, "0", children)
+            return
+        times = [ts for ts in self._times() if start <= ts <= end]
+        if token == "steady":
+            for ts in times:
+                if self.done.is_set():
+                    return
+                time.sleep(0.002)
+                yield HeartbeatRecord(ts)
+            return
+        with self._lock:
+            stall = self.stalls > 0
+            self.stalls -= stall
+            silent_after = 5 if start == 1000 else 0
+        for sent, ts in enumerate(times):
+            if stall and sent == silent_after:
+                self.done.wait(30)
+                return
+            yield data_record(ts, f"tx{ts}", 0, 1)
+
+
+def stalling_reader(source: StallingSource) -> tuple[ChangeStreamReader, list[dict]]:
+    log, events = captured_logger()
+    config = ReaderConfig(
+        start_timestamp=1000,
+        end_timestamp=source.end,
+        heartbeat_ms=10,
+        stuck_after_heartbeats=5,
+        retry=FAST_RETRY,
+    )
+    return ChangeStreamReader(source, config, log), events
+
+
+def test_a_silent_partition_is_reported_stuck_and_restarted_and_nothing_is_lost() -> None:
+    source = StallingSource(end=5000, stalls=1)
+    reader, events = stalling_reader(source)
+    released: list[Transaction] = []
+    try:
+        reader.run(lambda r: released.extend(r.transactions), threading.Event())
+    finally:
+        source.done.set()
+    assert released == source.transactions()
+    stuck = [e for e in events if e["event"] == "partition_stuck"]
+    assert stuck and {e["partition_token"] for e in stuck} == {"stalling"}
+    assert stuck[0]["restarts_without_progress"] == 1
+    assert stuck[0]["resume_timestamp"] == to_rfc3339(1010 + 4 * 10)
+    assert reader.stuck_restarts == 0
+
+
+def test_restarts_that_do_not_help_are_counted_for_readiness() -> None:
+    source = StallingSource(end=1000 + 10 * 100_000, stalls=1_000)
+    reader, events = stalling_reader(source)
+    stop = threading.Event()
+    worker = threading.Thread(target=reader.run, args=(lambda _: None, stop))
+    worker.start()
+    deadline = time.monotonic() + 30
+    try:
+        while reader.stuck_restarts < 3 and time.monotonic() < deadline and worker.is_alive():
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        source.done.set()
+        worker.join(timeout=10)
+    stuck = [e["restarts_without_progress"] for e in events if e["event"] == "partition_stuck"]
+    assert stuck[:3] == [1, 2, 3]
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -49,6 +49,9 @@ class ReaderConfig:
     """Every partition query ends at most this long after it starts (wall clock), then runs again
     from its resume timestamp: Spanner bounds MUTABLE_KEY_RANGE queries to 30 minutes, and an
     unbounded query holds its session and stream forever. Beam uses 2 minutes."""
+    stuck_after_heartbeats: int = 10
+    """A running partition whose watermark has not moved for this many heartbeat intervals, while
+    another partition's has, is stuck: it is logged and its query started again."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
@@ -59,23 +62,27 @@ class PartitionQueryFailed(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class _QueryStarted:
     token: str
+    generation: int
     start: Nanos
 
 
 @dataclass(frozen=True, slots=True)
 class _RecordRead:
     token: str
+    generation: int
     record: ChangeRecord
 
 
 @dataclass(frozen=True, slots=True)
 class _StreamEnded:
     token: str
+    generation: int
 
 
 @dataclass(frozen=True, slots=True)
 class _StreamFailed:
     token: str
+    generation: int
     error: BaseException
 
 
@@ -129,6 +136,7 @@ class ChangeStreamReader:
         wall_clock: Callable[[], Nanos] = time.time_ns,
         sleep: Callable[[float], None] = time.sleep,
         resume_from: ResumePoint | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._source = source
         self._config = config
@@ -145,6 +153,13 @@ class ChangeStreamReader:
         self.assembler = self.coordinator.assembler
         self._records_read = 0
         self._slot_warning_logged = False
+        self._monotonic = monotonic
+        self._generations: dict[str, int] = {}
+        """The worker generation each running partition's events must carry; a restarted
+        partition's old worker stops at its next record and its events are dropped."""
+        self._moved_at: dict[str, float] = {}
+        self._stuck_restarts: dict[str, int] = {}
+        self._next_stuck_check = 0.0
 
     def run(
         self,
@@ -163,6 +178,7 @@ class ChangeStreamReader:
                 self._start_ready_partitions()
                 self._drain_events()
                 self._release(on_release)
+                self._restart_stuck_partitions()
                 if on_tick is not None:
                     on_tick()
                 if self.tracker.all_finished:
@@ -179,12 +195,8 @@ class ChangeStreamReader:
     def _start_ready_partitions(self) -> None:
         free = self._config.max_concurrent_partitions - self.tracker.running_count
         for partition in self.tracker.take_ready(free):
-            threading.Thread(
-                target=self._read_partition,
-                args=(partition.token, partition.start_timestamp, partition.watermark),
-                name=f"partition-{partition.token[:12] or 'initial'}",
-                daemon=True,
-            ).start()
+            self._generations[partition.token] = 0
+            self._start_worker(partition.token, partition.start_timestamp, partition.watermark)
         waiting = self.tracker.ready_count()
         if waiting and not self._slot_warning_logged:
             self._log.warning(
@@ -194,6 +206,51 @@ class ChangeStreamReader:
                 note="the low watermark cannot pass a partition that is not read",
             )
         self._slot_warning_logged = bool(waiting)
+
+    def _start_worker(self, token: str, start: Nanos, watermark: Nanos) -> None:
+        threading.Thread(
+            target=self._read_partition,
+            args=(token, start, watermark, self._generations[token]),
+            name=f"partition-{token[:12] or 'initial'}",
+            daemon=True,
+        ).start()
+
+    def _restart_stuck_partitions(self) -> None:
+        """Debezium's stuck-partition watchdog: Spanner can leave a partition's stream open and
+        silent. Only partitions silent while another moved count: a quiet or slow stream as a
+        whole is not stuck, nor is one paused by backpressure."""
+        now = self._monotonic()
+        heartbeat_s = self._config.heartbeat_ms / 1000
+        if now < self._next_stuck_check:
+            return
+        self._next_stuck_check = now + heartbeat_s / 2
+        if not self._moved_at or self.assembler.buffered_bytes > self._config.memory_budget_bytes:
+            return
+        limit = self._config.stuck_after_heartbeats * heartbeat_s
+        silent = {token: now - at for token, at in self._moved_at.items() if now - at > limit}
+        if not silent or len(silent) == len(self._moved_at):
+            return
+        for token, seconds in silent.items():
+            partition = self.tracker.partition(token)
+            restarts = self._stuck_restarts[token] = self._stuck_restarts.get(token, 0) + 1
+            self._log.warning(
+                "partition_stuck",
+                partition_token=token,
+                silent_seconds=round(seconds, 3),
+                behind_seconds=round(
+                    (self._wall_clock() - partition.watermark) / NANOS_PER_SECOND, 3
+                ),
+                restarts_without_progress=restarts,
+                resume_timestamp=to_rfc3339(partition.resume_timestamp),
+            )
+            self._generations[token] += 1
+            self._moved_at[token] = now
+            self._start_worker(token, partition.start_timestamp, partition.watermark)
+
+    @property
+    def stuck_restarts(self) -> int:
+        """The most restarts in a row of one stuck partition that did not move it on."""
+        return max(self._stuck_restarts.values(), default=0)
 
     def _drain_events(self) -> None:
         try:
@@ -208,15 +265,24 @@ class ChangeStreamReader:
                 return
 
     def _apply(self, event: _Event) -> None:
+        if event.generation != self._generations.get(event.token):
+            return  # a restarted partition's old worker
         if isinstance(event, _RecordRead):
             self._records_read += 1
+            before = self.tracker.partition(event.token).watermark
             self.coordinator.record_read(event.token, event.record)
+            if watermark_after(event.record) > before:
+                self._moved_at[event.token] = self._monotonic()
+                self._stuck_restarts.pop(event.token, None)
             if self.assembler.buffered_bytes > self._config.memory_budget_bytes:
                 self._gate.update(True, self.assembler.released_watermark)
         elif isinstance(event, _QueryStarted):
             self.coordinator.query_started(event.token, event.start)
+            self._moved_at.setdefault(event.token, self._monotonic())
         elif isinstance(event, _StreamEnded):
             self.coordinator.stream_ended(event.token)
+            for running in (self._moved_at, self._stuck_restarts, self._generations):
+                running.pop(event.token, None)
         else:
             self._log.error(
                 "partition_query_failed",
@@ -248,23 +314,25 @@ class ChangeStreamReader:
             buffered_bytes=self.assembler.buffered_bytes,
             active_partitions=len(self.tracker.unfinished()),
             duplicates_dropped=self.assembler.stats.duplicates_dropped,
+            stuck_partitions=len(self._stuck_restarts),
         )
         return now, self._records_read
 
     # -- workers ---------------------------------------------------------------------------
 
-    def _read_partition(self, token: str, start: Nanos, watermark: Nanos) -> None:
+    def _read_partition(self, token: str, start: Nanos, watermark: Nanos, generation: int) -> None:
         progress = _Progress(watermark=watermark)
+
+        def stopped() -> bool:
+            return self._workers_stop.is_set() or self._generations.get(token) != generation
+
         policy = self._config.retry
         retrying = Retrying(
             retry=retry_if_exception(is_transient),
             wait=wait_exponential_jitter(
                 multiplier=policy.initial_backoff_s, max=policy.max_backoff_s
             ),
-            stop=lambda _: (
-                progress.failures_without_progress >= policy.max_failures
-                or self._workers_stop.is_set()
-            ),
+            stop=lambda _: progress.failures_without_progress >= policy.max_failures or stopped(),
             before_sleep=lambda state: self._log.warning(
                 "partition_query_retry",
                 partition_token=token,
@@ -277,24 +345,31 @@ class ChangeStreamReader:
         )
         try:
             finished = False
-            while not (finished or self._workers_stop.is_set()):
+            while not (finished or stopped()):
                 for attempt in retrying:
                     with attempt:
-                        finished = self._query_once(token, start, progress)
+                        finished = self._query_once(token, generation, start, progress, stopped)
         except BaseException as error:
-            if not self._workers_stop.is_set():
-                self._events.put(_StreamFailed(token, error))
+            if not stopped():
+                self._events.put(_StreamFailed(token, generation, error))
             return
-        if not self._workers_stop.is_set():
-            self._events.put(_StreamEnded(token))
+        if not stopped():
+            self._events.put(_StreamEnded(token, generation))
 
-    def _query_once(self, token: str, start: Nanos, progress: _Progress) -> bool:
+    def _query_once(
+        self,
+        token: str,
+        generation: int,
+        start: Nanos,
+        progress: _Progress,
+        stopped: Callable[[], bool],
+    ) -> bool:
         """One bounded query of the partition: True once the partition is finished (its child
         partitions record, or the reader's end timestamp), False when its window closed having
         moved the partition on (query again from the resume timestamp)."""
         query_start = resume_timestamp(start, progress.watermark)
         watermark_before = progress.watermark
-        self._events.put(_QueryStarted(token, query_start))
+        self._events.put(_QueryStarted(token, generation, query_start))
         window_end = max(self._wall_clock(), query_start) + int(
             self._config.query_window_s * NANOS_PER_SECOND
         )
@@ -305,14 +380,14 @@ class ChangeStreamReader:
                 None if token == INITIAL_PARTITION else token, query_start, end
             )
             for record in records:
-                if self._workers_stop.is_set():
+                if stopped():
                     return True
                 self._gate.wait_turn(progress.watermark, self._workers_stop)
                 progress.watermark = max(progress.watermark, watermark_after(record))
                 if isinstance(record, ChildPartitionsRecord):
                     progress.saw_child_partitions = True
-                self._events.put(_RecordRead(token, record))
-            if progress.saw_child_partitions or end == final or self._workers_stop.is_set():
+                self._events.put(_RecordRead(token, generation, record))
+            if progress.saw_child_partitions or end == final or stopped():
                 finished = True
             elif progress.watermark > watermark_before:
                 finished = False

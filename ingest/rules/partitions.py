@@ -304,6 +304,10 @@ class PartitionTracker:
     def unfinished(self) -> list[Partition]:
         return list(self._partitions.values())
 
+    def partition(self, token: str) -> Partition:
+        """A partition not finished yet."""
+        return self._get(token)
+
     def _get(self, token: str) -> Partition:
         partition = self._partitions.get(token)
         if partition is None:

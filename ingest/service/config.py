@@ -57,6 +57,10 @@ class ServiceConfig:
     readiness_s: float = 120.0
     stats_interval_s: float = 10.0
     max_concurrent_partitions: int = 512
+    stuck_after_heartbeats: int = 10
+    """A partition silent this many heartbeat intervals while others move is restarted."""
+    max_stuck_restarts: int = 3
+    """Restarts in a row of a stuck partition, none moving it on, before /readyz fails."""
     snapshot_mode: str = "initial"
     """What a new job does with the rows already in its tables: initial, never, initial_only."""
     snapshot_workers: int = 4
@@ -94,6 +98,8 @@ ENVIRONMENT = {
             "readiness_s",
             "stats_interval_s",
             "max_concurrent_partitions",
+            "stuck_after_heartbeats",
+            "max_stuck_restarts",
             "snapshot_mode",
             "snapshot_workers",
             "snapshot_chunk_rows",
@@ -135,6 +141,8 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "readiness_s": seconds(1, 86_400),
     "stats_interval_s": seconds(0.1, 86_400),
     "max_concurrent_partitions": integer(1, 100_000),
+    "stuck_after_heartbeats": integer(2, 10_000),
+    "max_stuck_restarts": integer(1, 1_000),
     "snapshot_mode": choice("initial", "never", "initial_only"),
     "snapshot_workers": integer(1, 64),
     "snapshot_chunk_rows": integer(1, 1_000_000),

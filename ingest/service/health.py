@@ -37,13 +37,19 @@ class Commits:
 
 class HealthServer:
     """``/healthz``: the reader loop (or the snapshot's committer) is turning. ``/readyz``: a
-    commit within ``readiness_s``."""
+    commit within ``readiness_s``, and no stuck partition restarted ``max_stuck_restarts`` times
+    in a row without moving."""
 
-    def __init__(self, port: int, readiness_s: float, committer: Committer) -> None:
+    def __init__(
+        self, port: int, readiness_s: float, committer: Committer, max_stuck_restarts: int = 3
+    ) -> None:
         self.last_tick = time.monotonic()
         self.committer = committer
         self.snapshot_requests: SnapshotRequests | None = None
+        self.stuck_restarts: Callable[[], int] = lambda: 0
+        """Restarts in a row of the reader's most stuck partition that did not move it on."""
         self._readiness_s = readiness_s
+        self._max_stuck_restarts = max_stuck_restarts
         health = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -75,9 +81,12 @@ class HealthServer:
         if path.startswith("/readyz"):
             committed = self.committer.commits > 0
             age = now - self.committer.last_commit_at
-            return committed and age < self._readiness_s, {
+            stuck = self.stuck_restarts()
+            ready = committed and age < self._readiness_s and stuck < self._max_stuck_restarts
+            return ready, {
                 "commits": self.committer.commits,
                 "last_commit_age_s": round(age, 3) if committed else None,
+                "stuck_partition_restarts": stuck,
             }
         return False, {"error": "unknown path"}
 

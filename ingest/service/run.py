@@ -91,7 +91,9 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
         resume = checkpoint.resume_point
     snapshot_commits = Commits()
     health = (
-        HealthServer(config.health_port, config.readiness_s, snapshot_commits)
+        HealthServer(
+            config.health_port, config.readiness_s, snapshot_commits, config.max_stuck_restarts
+        )
         if config.health_port
         else None
     )
@@ -147,6 +149,7 @@ def _stream(
             memory_budget_bytes=config.memory_budget_mb * 1024 * 1024,
             stats_interval_s=config.stats_interval_s,
             query_window_s=config.query_window_s,
+            stuck_after_heartbeats=config.stuck_after_heartbeats,
         ),
         log,
         resume_from=resume,
@@ -179,6 +182,7 @@ def _stream(
     if health is not None:
         health.committer = batcher
         health.snapshot_requests = table_snapshots.request
+        health.stuck_restarts = lambda: reader.stuck_restarts
 
     def tick() -> None:
         if health is not None:
