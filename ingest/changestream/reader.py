@@ -249,8 +249,9 @@ class ChangeStreamReader:
 
     @property
     def stuck_restarts(self) -> int:
-        """The most restarts in a row of one stuck partition that did not move it on."""
-        return max(self._stuck_restarts.values(), default=0)
+        """The most restarts in a row of one stuck partition that did not move it on (read by
+        the health server's thread: a copy, taken at once)."""
+        return max(tuple(self._stuck_restarts.values()), default=0)
 
     def _drain_events(self) -> None:
         try:
