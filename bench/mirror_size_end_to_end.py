@@ -31,10 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mirror_merge_scaling import SHAPE, batch_keys, build_mirror
+from pipeline_throughput import one_record_transaction
 
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.logs import null_logger
-from ingest.model.records import DataChangeRecord, Mod, Transaction
+from ingest.model.records import Mod
 from ingest.model.timestamps import parse_rfc3339
 from ingest.rules.partitions import ResumablePartitions
 from ingest.rules.resume import ResumePoint
@@ -57,28 +58,16 @@ def land_changelog(uri: str, key_batches: list[list[int]], mirror_rows: int) -> 
         for key in keys:
             clock += 1_000
             number += 1
-            record = DataChangeRecord(
-                commit_timestamp=clock,
-                record_sequence="00000000",
-                server_transaction_id=f"tx-{number:09d}",
-                is_last_record_in_transaction_in_partition=True,
-                table_name="accounts",
-                column_types=SHAPE.columns,
-                mods=(
-                    Mod(
-                        {"account_id": str(key)},
-                        {"owner": f"owner-{key}", "balance": str(number), "updated_at": None},
-                        {},
-                    ),
-                ),
-                mod_type="UPDATE" if key < mirror_rows else "INSERT",
-                value_capture_type="NEW_ROW_AND_OLD_VALUES",
-                number_of_records_in_transaction=1,
-                number_of_partitions_in_transaction=1,
-                transaction_tag="",
-                is_system_transaction=False,
+            values = {"owner": f"owner-{key}", "balance": str(number), "updated_at": None}
+            transactions.append(
+                one_record_transaction(
+                    clock,
+                    number,
+                    SHAPE.columns,
+                    (Mod({"account_id": str(key)}, values, {}),),
+                    "UPDATE" if key < mirror_rows else "INSERT",
+                )
             )
-            transactions.append(Transaction(clock, record.server_transaction_id, (record,)))
         sink.commit(transactions, ResumePoint(clock, ResumablePartitions((), ())))
 
 

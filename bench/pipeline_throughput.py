@@ -60,6 +60,28 @@ MODS_PER_TRANSACTION = 10
 START = parse_rfc3339("2026-11-22T00:00:00Z")
 
 
+def one_record_transaction(
+    clock: int, number: int, columns: tuple[ColumnType, ...], mods: tuple[Mod, ...], mod_type: str
+) -> Transaction:
+    """A transaction of one data change record of table ``accounts``, as the sink lands it."""
+    record = DataChangeRecord(
+        commit_timestamp=clock,
+        record_sequence="00000000",
+        server_transaction_id=f"tx-{number:09d}",
+        is_last_record_in_transaction_in_partition=True,
+        table_name="accounts",
+        column_types=columns,
+        mods=mods,
+        mod_type=mod_type,
+        value_capture_type="NEW_ROW_AND_OLD_VALUES",
+        number_of_records_in_transaction=1,
+        number_of_partitions_in_transaction=1,
+        transaction_tag="",
+        is_system_transaction=False,
+    )
+    return Transaction(clock, record.server_transaction_id, (record,))
+
+
 def land_changelog(uri: str, rows: int, keys: int, versions: int, seed: int = 7) -> None:
     """INSERT every key once, then UPDATE random keys, through the real sink."""
     rng = random.Random(seed)
@@ -93,22 +115,7 @@ def land_changelog(uri: str, rows: int, keys: int, versions: int, seed: int = 7)
                 )
                 for k in chosen
             )
-            record = DataChangeRecord(
-                commit_timestamp=clock,
-                record_sequence="00000000",
-                server_transaction_id=f"tx-{number:09d}",
-                is_last_record_in_transaction_in_partition=True,
-                table_name="accounts",
-                column_types=COLUMNS,
-                mods=mods,
-                mod_type=mod_type,
-                value_capture_type="NEW_ROW_AND_OLD_VALUES",
-                number_of_records_in_transaction=1,
-                number_of_partitions_in_transaction=1,
-                transaction_tag="",
-                is_system_transaction=False,
-            )
-            transactions.append(Transaction(clock, record.server_transaction_id, (record,)))
+            transactions.append(one_record_transaction(clock, number, COLUMNS, mods, mod_type))
             written += len(chosen)
         sink.commit(transactions, ResumePoint(clock, ResumablePartitions((), ())))
 

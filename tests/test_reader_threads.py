@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from google.api_core import exceptions as api_exceptions
@@ -58,13 +58,18 @@ class FlakySource:
 
 
 def run_reader(
-    source: object, topology_start: Nanos, end: Nanos, **config: object
+    source: object,
+    topology_start: Nanos,
+    end: Nanos,
+    wall_clock: Callable[[], Nanos] = time.time_ns,
+    **config: object,
 ) -> tuple[list[Transaction], list[dict], list[Nanos]]:
     log, events = captured_logger()
     reader = ChangeStreamReader(
         source,  # type: ignore[arg-type]
         ReaderConfig(start_timestamp=topology_start, end_timestamp=end, retry=FAST_RETRY, **config),  # type: ignore[arg-type]
         log,
+        wall_clock=wall_clock,
         sleep=lambda _: None,
     )
     released: list[Transaction] = []
@@ -144,27 +149,9 @@ def test_bounded_query_windows_deliver_every_transaction_once_in_order(seed: int
     from its resume timestamp; a window that closes with no record is retried as a failure."""
     topology = build_topology(random.Random(seed), events=12, transactions=80)
     source = WindowedSource(topology, seed)
-    log, events = captured_logger()
-    reader = ChangeStreamReader(
-        source,
-        ReaderConfig(
-            start_timestamp=topology.start,
-            end_timestamp=topology.end,
-            retry=FAST_RETRY,
-            query_window_s=10e-9,
-        ),
-        log,
-        wall_clock=lambda: 0,
-        sleep=lambda _: None,
+    released, events, watermarks = run_reader(
+        source, topology.start, topology.end, wall_clock=lambda: 0, query_window_s=10e-9
     )
-    released: list[Transaction] = []
-    watermarks: list[Nanos] = []
-
-    def collect(release: Release) -> None:
-        released.extend(release.transactions)
-        watermarks.append(release.low_watermark)
-
-    reader.run(collect, threading.Event())
     assert released == topology.expected()
     assert watermarks == sorted(watermarks)
     assert None not in source.ends
