@@ -59,7 +59,10 @@ def test_make_run_ends_with_pass(spanner_emulator: str, tmp_path: Path) -> None:
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["passed"] is True and summary["first_batch_s"] > 0
     assert 0 < summary["mirror_every_p50_s"] <= summary["mirror_every_p99_s"]
-    assert 0 < summary["changelog_to_mirror_p50_s"] <= summary["mirror_p50_s"]
+    # the pipeline's share is measured over the same commits, after the first batch: none here
+    share, whole = summary["changelog_to_mirror_p50_s"], summary["mirror_p50_s"]
+    assert (share is None) == (whole is None)
+    assert share is None or 0 < share <= whole
     assert "WARN" not in result.stdout and "log4j" not in output, "Spark logs belong in files"
     for log in ("ingest.log", "pipeline.log"):
         assert (folder / log).stat().st_size > 0
