@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -158,10 +159,23 @@ class Fault:
 
 
 @dataclass
+class Stall:
+    """Hold the partition's stream open and silent after ``after_rows`` rows, ``times`` times,
+    until the client goes away or ``seconds`` pass: Spanner leaving a partition hanging."""
+
+    after_rows: int
+    times: int = 1
+    seconds: float = 30.0
+
+
+@dataclass
 class Script:
     streams: dict[str, list[ChangeRecord]]
     faults: dict[str, Fault] = field(default_factory=dict)
     honor_resume_tokens: bool = True
+    stalls: dict[str, Stall] = field(default_factory=dict)
+    pace_s: dict[str, float] = field(default_factory=dict)
+    """Seconds before each row of a partition: one that keeps moving in real time."""
 
 
 class ScriptedChangeStreamServicer(SpannerServicer):
@@ -171,6 +185,7 @@ class ScriptedChangeStreamServicer(SpannerServicer):
         self._lock = threading.Lock()
         self.queries: list[tuple[str, Nanos, bytes]] = []
         self.faults_fired = 0
+        self.stalls_fired = 0
 
     def ExecuteStreamingSql(
         self, request: Any, context: grpc.ServicerContext
@@ -193,6 +208,17 @@ class ScriptedChangeStreamServicer(SpannerServicer):
                     fault.times -= 1
                     self.faults_fired += 1
                     context.abort(fault.code, f"stream cut by the script at row {index}")
+                stall = self.script.stalls.get(token)
+                stalled = stall is not None and stall.times > 0 and index == stall.after_rows
+                if stall is not None and stalled:
+                    stall.times -= 1
+                    self.stalls_fired += 1
+            if stall is not None and stalled:
+                deadline = time.monotonic() + stall.seconds
+                while context.is_active() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                return
+            time.sleep(self.script.pace_s.get(token, 0.0))
             row = json_format.ParseDict(encode(rows[index]), struct_pb2.Value())
             partial = PartialResultSet(resume_token=str(index).encode())
             partial._pb.values.append(row)

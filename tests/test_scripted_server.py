@@ -17,12 +17,19 @@ from google.cloud import spanner
 from ingest.changestream.query import ChangeStreamQuery, Dialect
 from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
 from ingest.changestream.retries import RetryPolicy
-from ingest.model.records import ChildPartition, ChildPartitionsRecord, ColumnType, Mod, Transaction
+from ingest.model.records import (
+    ChildPartition,
+    ChildPartitionsRecord,
+    ColumnType,
+    HeartbeatRecord,
+    Mod,
+    Transaction,
+)
 from ingest.model.timestamps import parse_rfc3339
 from ingest.model.values import decode_value
 from ingest.rules.partitions import INITIAL_PARTITION
 from tests.builders import captured_logger, record
-from tests.scripted_spanner import Fault, Script, ScriptedChangeStreamServicer, start_server
+from tests.scripted_spanner import Fault, Script, ScriptedChangeStreamServicer, Stall, start_server
 from tests.simulation import build_topology
 
 FAST_RETRY = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05)
@@ -83,6 +90,45 @@ def test_transactions_spread_over_partitions_are_reassembled(serve, seed: int) -
     assert released == topology.expected()
     spread = [t for t in released if t.records[0].number_of_partitions_in_transaction >= 2]
     assert len(spread) >= 5
+
+
+def test_a_partition_left_hanging_is_restarted_through_the_client_and_nothing_is_lost(
+    serve,
+) -> None:
+    """Partition 'stalled' sends three rows, then its stream stays open with no heartbeat while
+    'steady' keeps moving: the reader reports it stuck and queries it again."""
+    times = range(1010, 1010 + 10 * 300, 10)
+    stalled = [record(ts, f"tx{ts}", 0, 1) for ts in times[:50]]
+    streams: dict[str, list] = {
+        INITIAL_PARTITION: [
+            ChildPartitionsRecord(
+                1000, "00000000", (ChildPartition("steady", ()), ChildPartition("stalled", ()))
+            )
+        ],
+        "steady": [HeartbeatRecord(ts) for ts in times],
+        "stalled": stalled,
+    }
+    script = Script(streams, stalls={"stalled": Stall(after_rows=3)}, pace_s={"steady": 0.01})
+    servicer, source = serve(script)
+    log, events = captured_logger()
+    config = ReaderConfig(
+        start_timestamp=1000,
+        end_timestamp=times[-1],
+        heartbeat_ms=100,
+        stuck_after_heartbeats=3,
+        retry=FAST_RETRY,
+    )
+    released: list[Transaction] = []
+    ChangeStreamReader(source, config, log).run(
+        lambda r: released.extend(r.transactions), threading.Event()
+    )
+    assert released == [
+        Transaction(r.commit_timestamp, r.server_transaction_id, (r,)) for r in stalled
+    ]
+    assert servicer.stalls_fired == 1
+    stuck = [e for e in events if e["event"] == "partition_stuck"]
+    assert [e["partition_token"] for e in stuck] == ["stalled"]
+    assert [q[1] for q in servicer.queries if q[0] == "stalled"] == [1000, 1030]
 
 
 @pytest.mark.parametrize("honor_resume_tokens", [True, False])
