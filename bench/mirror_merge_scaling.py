@@ -94,6 +94,15 @@ def batch_keys(kind: str, rows: int, round_: int, rng: random.Random) -> list[in
     return sorted(updates + inserts)
 
 
+def ratio_to_first(
+    baseline: dict[str, tuple[float, int]], kind: str, size: int, median: float
+) -> str:
+    """The median against the first size measured for the same kind of keys (recorded in
+    ``baseline``), as a column to print; empty for that first size."""
+    first, first_size = baseline.setdefault(kind, (median, size))
+    return "" if size == first_size else f"\t({median / first:.1f}x the {first_size}-row mirror)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="10000,10000000")
@@ -126,12 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 metrics = table.history(1)[0].get("operationMetrics", {})
                 rewritten.append(int(metrics.get("num_target_files_removed", 0)))
             median = statistics.median(seconds)
-            first, first_size = baseline.setdefault(kind, (median, size))
-            ratio = (
-                f"\t({median / first:.1f}x the {first_size}-row mirror)"
-                if size != first_size
-                else ""
-            )
+            ratio = ratio_to_first(baseline, kind, size, median)
             print(
                 f"{size}\t{kind}\t{median:.3f}\t{statistics.median(rewritten):.0f}\t{built:.0f}"
                 f"{ratio}",

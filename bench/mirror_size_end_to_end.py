@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mirror_merge_scaling import SHAPE, batch_keys, build_mirror
+from mirror_merge_scaling import SHAPE, batch_keys, build_mirror, ratio_to_first
 from pipeline_throughput import one_record_transaction
 
 from ingest.delta.sink import DeltaChangeLogSink
@@ -123,12 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             land_changelog(str(work / "changelog"), keys, size)
             seconds = run_job(spark, work)[1:]
             median = statistics.median(seconds)
-            first, first_size = baseline.setdefault(kind, (median, size))
-            ratio = (
-                f"\t({median / first:.1f}x the {first_size}-row mirror)"
-                if size != first_size
-                else ""
-            )
+            ratio = ratio_to_first(baseline, kind, size, median)
             print(
                 f"{size}\t{kind}\t{median:.2f}\t{max(seconds):.2f}\t{built:.0f}{ratio}", flush=True
             )

@@ -388,7 +388,7 @@ def _read(state: Any, schema: T.StructType) -> dict[str, Any] | None:
     One call to the state server (``get`` is None when unset), not two: each is a round trip.
     """
     value = state.get()
-    return None if value is None else dict(zip(schema.fieldNames(), value, strict=True))
+    return None if value is None else _as_dict(value, schema.fieldNames())
 
 
 def _count(stats: dict[str, Any], row: Row) -> dict[str, Any]:

@@ -270,9 +270,10 @@ class ChangeStreamReader:
             return  # a restarted partition's old worker
         if isinstance(event, _RecordRead):
             self._records_read += 1
-            before = self.tracker.partition(event.token).watermark
+            partition = self.tracker.partition(event.token)
+            before = partition.watermark
             self.coordinator.record_read(event.token, event.record)
-            if watermark_after(event.record) > before:
+            if partition.watermark > before:
                 self._moved_at[event.token] = self._monotonic()
                 self._stuck_restarts.pop(event.token, None)
             if self.assembler.buffered_bytes > self._config.memory_budget_bytes:

@@ -84,6 +84,20 @@ def check_evolution(
     """The evolution from the latest recorded deployment to ``new``, or StateSchemaError."""
     if not history:
         return Evolution(tuple(sorted(new)), (), (), {})
+    if history[-1].layout < OLDEST_READABLE_LAYOUT:
+        raise StateSchemaError(
+            [
+                Refusal(
+                    "*",
+                    "",
+                    "state layout changed",
+                    f"the checkpoint was recorded with state layout {history[-1].layout}, this "
+                    f"version reads layouts {OLDEST_READABLE_LAYOUT} to {STATE_LAYOUT} (STRING "
+                    "as bytes, arrays as JSON text); rebuild the mirrors from the change log "
+                    "(README, Replay)",
+                )
+            ]
+        )
     old = history[-1].schemas
     refusals: list[Refusal] = []
     changed, added_fields = [], {}
@@ -125,18 +139,6 @@ def check_evolution(
                 "spark.sql.streaming.stateStore.maxNumStateSchemaFiles)",
             )
         )
-    if history[-1].layout < OLDEST_READABLE_LAYOUT:
-        refusals = [
-            Refusal(
-                "*",
-                "",
-                "state layout changed",
-                f"the checkpoint was recorded with state layout {history[-1].layout}, this "
-                f"version reads layouts {OLDEST_READABLE_LAYOUT} to {STATE_LAYOUT} (STRING as "
-                "bytes, arrays as JSON text); rebuild the mirrors from the change log "
-                "(README, Replay)",
-            )
-        ]
     if refusals:
         raise StateSchemaError(refusals)
     return evolution
