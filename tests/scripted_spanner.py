@@ -18,11 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import spanner
 from google.cloud.spanner_v1 import PartialResultSet, ResultSetMetadata, StructType, Type, TypeCode
 from google.cloud.spanner_v1.testing import spanner_pb2_grpc
 from google.cloud.spanner_v1.testing.mock_spanner import SpannerServicer
 from google.protobuf import json_format, struct_pb2
 
+from ingest.changestream.query import ChangeStreamQuery, Dialect
 from ingest.model.encoding import canonical_json
 from ingest.model.records import ChangeRecord, ChildPartitionsRecord, HeartbeatRecord
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
@@ -176,6 +180,13 @@ class Script:
     stalls: dict[str, Stall] = field(default_factory=dict)
     pace_s: dict[str, float] = field(default_factory=dict)
     """Seconds before each row of a partition: one that keeps moving in real time."""
+    parents: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Each child partition's parents: a child queried before all of them reported it is
+    recorded in ``queried_before_parents``."""
+    live: bool = False
+    """Serve the streams in real time, as Spanner does: a record no sooner than the wall clock
+    reaches its timestamp, a heartbeat after each silent heartbeat interval, and a query that
+    reaches no child partitions record closes once the clock reaches its end timestamp."""
 
 
 class ScriptedChangeStreamServicer(SpannerServicer):
@@ -186,6 +197,8 @@ class ScriptedChangeStreamServicer(SpannerServicer):
         self.queries: list[tuple[str, Nanos, bytes]] = []
         self.faults_fired = 0
         self.stalls_fired = 0
+        self.reported_by: dict[str, set[str]] = {}
+        self.queried_before_parents: list[str] = []
 
     def ExecuteStreamingSql(
         self, request: Any, context: grpc.ServicerContext
@@ -193,10 +206,21 @@ class ScriptedChangeStreamServicer(SpannerServicer):
         params = json.loads(type(request).to_json(request))["params"]
         token = params.get("partition_token") or INITIAL_PARTITION
         start = parse_rfc3339(params["start_timestamp"])
+        end = parse_rfc3339(params["end_timestamp"]) if params.get("end_timestamp") else None
         resume = bytes(request.resume_token)
         with self._lock:
             self.queries.append((token, start, resume))
-        rows = records_from(self.script.streams[token], start)
+            if not set(self.script.parents.get(token, ())) <= self.reported_by.get(token, set()):
+                self.queried_before_parents.append(token)
+        rows = [
+            row
+            for row in records_from(self.script.streams[token], start)
+            if end is None or _timestamp(row) <= end
+        ]
+        if self.script.live:
+            heartbeat_ms = int(params.get("heartbeat_milliseconds") or 1000)
+            yield from self._serve_live(token, rows, start, end, heartbeat_ms, resume, context)
+            return
         first = int(resume) + 1 if resume and self.script.honor_resume_tokens else 0
         metadata = ResultSetMetadata(
             row_type=StructType(fields=[StructType.Field(name="ChangeRecord", type_=CHANGE_RECORD)])
@@ -228,11 +252,107 @@ class ScriptedChangeStreamServicer(SpannerServicer):
         if first >= len(rows):
             yield PartialResultSet(metadata=metadata)
 
+    def _serve_live(
+        self,
+        token: str,
+        rows: list[ChangeRecord],
+        start: Nanos,
+        end: Nanos | None,
+        heartbeat_ms: int,
+        resume: bytes,
+        context: grpc.ServicerContext,
+    ) -> Iterator[PartialResultSet]:
+        metadata = ResultSetMetadata(
+            row_type=StructType(fields=[StructType.Field(name="ChangeRecord", type_=CHANGE_RECORD)])
+        )
+        first = int(resume) + 1 if resume else 0
+        heartbeat = heartbeat_ms * 1_000_000
+        quiet_since = time.time_ns()
+        sent_metadata = False
 
-def start_server(script: Script) -> tuple[grpc.Server, ScriptedChangeStreamServicer, int]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+        def partial(record: ChangeRecord, index: int) -> PartialResultSet:
+            nonlocal sent_metadata
+            if isinstance(record, ChildPartitionsRecord):
+                with self._lock:
+                    for child in record.child_partitions:
+                        self.reported_by.setdefault(child.token, set()).add(token)
+            row = json_format.ParseDict(encode(record), struct_pb2.Value())
+            result = PartialResultSet(resume_token=str(index).encode())
+            result._pb.values.append(row)
+            if not sent_metadata:
+                result.metadata = metadata
+                sent_metadata = True
+            return result
+
+        pending = [(_timestamp(row), index, row) for index, row in enumerate(rows)][first:]
+        pending.reverse()
+        last_sent = first - 1
+        while context.is_active():
+            now = time.time_ns()
+            if pending and pending[-1][0] <= now:
+                _, last_sent, row = pending.pop()
+                yield partial(row, last_sent)
+                quiet_since = now
+                more_children = pending and isinstance(pending[-1][2], ChildPartitionsRecord)
+                if isinstance(row, ChildPartitionsRecord) and not more_children:
+                    return
+                continue
+            if not pending and end is not None and now >= end:
+                if not sent_metadata:
+                    yield PartialResultSet(metadata=metadata)
+                return
+            if now - quiet_since >= heartbeat and now >= start:
+                # Resumed after it, the stream goes on from the last row sent: a heartbeat is
+                # never replayed, which is harmless.
+                yield partial(HeartbeatRecord(now), last_sent)
+                quiet_since = now
+            wake = min(
+                pending[-1][0] if pending else now + heartbeat,
+                end if end is not None else now + heartbeat,
+                quiet_since + heartbeat,
+            )
+            time.sleep(min(max(wake - now, 0) / 1e9, 0.05))
+
+
+def _timestamp(record: ChangeRecord) -> Nanos:
+    if isinstance(record, HeartbeatRecord):
+        return record.timestamp
+    if isinstance(record, ChildPartitionsRecord):
+        return record.start_timestamp
+    return record.commit_timestamp  # type: ignore[attr-defined,no-any-return]
+
+
+def start_server(
+    script: Script, workers: int = 32
+) -> tuple[grpc.Server, ScriptedChangeStreamServicer, int]:
+    """A server in this process; each open stream holds one of its ``workers`` threads."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
     servicer = ScriptedChangeStreamServicer(script)
     spanner_pb2_grpc.add_SpannerServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     return server, servicer, port
+
+
+def scripted_query(port: int, heartbeat_ms: int = 1000) -> ChangeStreamQuery:
+    """The product's change stream DAO, through the real client, on a scripted server (the
+    caller unsets SPANNER_EMULATOR_HOST first: the client prefers it to the endpoint)."""
+    client = spanner.Client(
+        project="scripted",
+        credentials=AnonymousCredentials(),
+        client_options=ClientOptions(api_endpoint=f"127.0.0.1:{port}"),
+        disable_builtin_metrics=True,
+    )
+    database = client.instance("scripted").database("scripted")
+    return ChangeStreamQuery(database, "s", Dialect.GOOGLE_STANDARD_SQL, heartbeat_ms)
+
+
+def parents_of(streams: dict[str, list[ChangeRecord]]) -> dict[str, tuple[str, ...]]:
+    """Each child partition's parents, from the child partitions records of a script."""
+    return {
+        child.token: child.parent_partition_tokens
+        for rows in streams.values()
+        for row in rows
+        if isinstance(row, ChildPartitionsRecord)
+        for child in row.child_partitions
+    }

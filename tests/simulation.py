@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ingest.model.records import (
@@ -172,3 +173,97 @@ def records_from(stream: list[ChangeRecord], start: Nanos) -> list[ChangeRecord]
         return record.start_timestamp
 
     return [record for record in stream if at(record) >= start]
+
+
+def build_wide_topology(
+    rng: random.Random,
+    partitions: int,
+    changes: int,
+    transactions: int,
+    start: Nanos,
+    horizon: Nanos,
+) -> Topology:
+    """Thousands of live partitions from the start, ``changes`` splits, moves and merges spread
+    over ``horizon``, and transactions over the partitions alive at their commit timestamp
+    (a third of them spread over several partitions). Built in one pass over time, so it stays
+    fast at any width."""
+    counter = iter(range(10_000_000))
+    by_token: dict[str, SimPartition] = {}
+
+    def new(at: Nanos) -> SimPartition:
+        partition = SimPartition(f"w{next(counter):06d}", at)
+        by_token[partition.token] = partition
+        return partition
+
+    live = [new(start) for _ in range(partitions)]
+    end = start + horizon
+    change_times = sorted(rng.sample(range(start + 1, end), changes))
+    commit_times = sorted(rng.randint(start + 1, end - 1) for _ in range(transactions))
+    committed: list[Transaction] = []
+    owner_of: dict[tuple[str, str], str] = {}
+    changes_left = iter(change_times)
+    next_change = next(changes_left, None)
+    for number, ts in enumerate(commit_times):
+        while next_change is not None and next_change <= ts:
+            _change(rng, live, new, next_change)
+            next_change = next(changes_left, None)
+        spread = rng.random() < 1 / 3
+        record_count = rng.randint(2, 4) if spread else 1
+        owners = rng.sample(live, record_count) if spread else [rng.choice(live)]
+        txid = f"tx{number:06d}"
+        records = tuple(
+            _data_record(ts, txid, number, sequence, record_count, len(owners))
+            for sequence in range(record_count)
+        )
+        for sequence, owner in enumerate(owners):
+            owner_of[(txid, f"{sequence:08d}")] = owner.token
+        committed.append(Transaction(ts, txid, records))
+    while next_change is not None:
+        _change(rng, live, new, next_change)
+        next_change = next(changes_left, None)
+    heartbeats: dict[str, list[Nanos]] = {token: [] for token in by_token}
+    initial = [p.token for p in by_token.values() if p.start == start]
+    return Topology(start, end, by_token, initial, committed, heartbeats, owner_of)
+
+
+def _change(
+    rng: random.Random,
+    live: list[SimPartition],
+    new: Callable[[Nanos], SimPartition],
+    at: Nanos,
+) -> None:
+    action = rng.choice(["split", "move", "merge"])
+    if action == "merge":
+        parents = [live.pop(rng.randrange(len(live))) for _ in range(2)]
+        child = new(at)
+        for parent in parents:
+            parent.end = at
+            parent.children.append((child.token, tuple(p.token for p in parents)))
+        live.append(child)
+        return
+    parent = live.pop(rng.randrange(len(live)))
+    parent.end = at
+    for _ in range(2 if action == "split" else 1):
+        child = new(at)
+        parent.children.append((child.token, (parent.token,)))
+        live.append(child)
+
+
+def _data_record(
+    ts: Nanos, txid: str, number: int, sequence: int, records: int, partitions: int
+) -> DataChangeRecord:
+    return DataChangeRecord(
+        commit_timestamp=ts,
+        record_sequence=f"{sequence:08d}",
+        server_transaction_id=txid,
+        is_last_record_in_transaction_in_partition=False,
+        table_name="t",
+        column_types=(ColumnType("k", {"code": "INT64"}, True, 1),),
+        mods=(Mod({"k": str(number * 10 + sequence)}, {"v": sequence}, {}),),
+        mod_type="INSERT",
+        value_capture_type="NEW_ROW_AND_OLD_VALUES",
+        number_of_records_in_transaction=records,
+        number_of_partitions_in_transaction=partitions,
+        transaction_tag="",
+        is_system_transaction=False,
+    )

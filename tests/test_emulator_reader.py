@@ -28,10 +28,16 @@ from tests.processes import tail_argv
 
 
 def tail_while_committing(
-    database, tmp_path: Path, transactions: int, rate: float, seed: int, window_s: float = 120
+    database,
+    tmp_path: Path,
+    transactions: int,
+    rate: float,
+    seed: int,
+    window_s: float = 120,
+    turns: int = 512,
 ) -> tuple[list[dict], list[dict], list, float]:
     """Run `python -m ingest tail` live while a workload commits; SIGTERM it once all is out.
-    Each partition query ends ``window_s`` after it starts."""
+    Each partition query ends ``window_s`` after it starts; at most ``turns`` are read at once."""
     start = start_after_setup()
     tmp_path.mkdir(parents=True, exist_ok=True)
     out, err = tmp_path / "tail.jsonl", tmp_path / "tail.log"
@@ -48,6 +54,10 @@ def tail_while_committing(
                 "5",
                 "--query-window-s",
                 str(window_s),
+                "--max-concurrent-partitions",
+                str(turns),
+                "--log-level",
+                "debug",
             ),
             stdout=stdout,
             stderr=stderr,
@@ -144,12 +154,20 @@ def assert_queries_were_bounded(events: list[dict]) -> None:
 
 
 @pytest.mark.emulator
-def test_postgresql_live_tail_with_1_s_query_windows(new_database, tmp_path: Path) -> None:
-    """Partitions living past a 1 s window are queried again from their resume timestamp."""
+def test_postgresql_live_tail_with_1_s_windows_and_one_turn(new_database, tmp_path: Path) -> None:
+    """Partitions living past a 1 s window are queried again from their resume timestamp, and
+    while two partitions live they take turns at the one query allowed, each reading up to
+    now (an end timestamp in the present) and handing the turn back."""
     for attempt in range(2):
         database = new_database("postgresql")
         printed, events, committed, _ = tail_while_committing(
-            database, tmp_path / str(attempt), transactions=600, rate=60, seed=11, window_s=1
+            database,
+            tmp_path / str(attempt),
+            transactions=600,
+            rate=60,
+            seed=11,
+            window_s=1,
+            turns=1,
         )
         omitted = live_read_omissions(database, events, printed, committed, Dialect.POSTGRESQL)
         if not omitted:
@@ -159,6 +177,7 @@ def test_postgresql_live_tail_with_1_s_query_windows(new_database, tmp_path: Pat
     lineage = assert_partition_lineage(events)
     assert lineage["splits"] >= 1 and lineage["merges"] >= 1, lineage
     assert_queries_were_bounded(events)
+    assert any(e["event"] == "partition_turns_cycling" for e in events)
 
 
 @pytest.mark.emulator

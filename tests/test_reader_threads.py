@@ -162,6 +162,84 @@ def test_bounded_query_windows_deliver_every_transaction_once_in_order(seed: int
     assert all("StreamEndedEarly" in e["cause"] for e in retries)
 
 
+class TakingTurnsSource:
+    """Honours each query's end timestamp and nothing more: records up to it, then the stream
+    closes once the clock reached the end (a query reading up to now often returns nothing). It
+    records how many queries are open at once, and checks that no partition is queried before
+    all its parents finished."""
+
+    def __init__(self, topology: Topology, seed: int, clock: Callable[[], Nanos]) -> None:
+        self._clock = clock
+        self._streams = topology.records_by_partition()
+        self._parents = {
+            child: parents
+            for partition in topology.partitions.values()
+            for child, parents in partition.children
+        }
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._finished: set[str] = set()
+        self.open_queries = 0
+        self.most_open_queries = 0
+        self.most_threads = 0
+        self.queries = 0
+
+    def read(self, token: str | None, start: Nanos, end: Nanos | None) -> Iterator[ChangeRecord]:
+        assert end is not None
+        name = token or INITIAL_PARTITION
+        with self._lock:
+            assert set(self._parents.get(name, ())) <= self._finished, f"{name} before parents"
+            self.open_queries += 1
+            self.queries += 1
+            self.most_open_queries = max(self.most_open_queries, self.open_queries)
+            self.most_threads = max(self.most_threads, threading.active_count())
+        ended = False
+        try:
+            for record in records_from(self._streams[name], start):
+                if _timestamp(record) > end:
+                    break
+                time.sleep(self._rng.random() * 0.0005)
+                ended = isinstance(record, ChildPartitionsRecord)
+                if ended:
+                    with self._lock:
+                        self._finished.add(name)
+                yield record
+            while not ended and self._clock() < end:
+                time.sleep(0.0002)
+        finally:
+            with self._lock:
+                self.open_queries -= 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_more_partitions_than_turns_take_turns_and_lose_nothing(seed: int) -> None:
+    """Two turns for up to a few dozen live partitions: each turn reads its partition up to now
+    and hands it back, so open queries and threads stay bounded and every transaction arrives
+    once, in order, merged children after all their parents."""
+    topology = build_topology(random.Random(seed), events=30, transactions=120)
+    began = time.monotonic_ns()
+
+    def clock() -> Nanos:
+        """Spanner time runs at 1 ns per 0.5 ms: the stream's 400 ns take 0.2 s."""
+        return topology.start - 20 + (time.monotonic_ns() - began) // 500_000
+
+    source = TakingTurnsSource(topology, seed, clock)
+    threads_before = threading.active_count()
+    released, events, watermarks = run_reader(
+        source,
+        topology.start,
+        topology.end,
+        wall_clock=clock,
+        max_concurrent_partitions=2,
+    )
+    assert released == topology.expected()
+    assert watermarks == sorted(watermarks)
+    assert source.most_open_queries <= 2
+    assert source.most_threads <= threads_before + 1 + 2  # the coordinator, two turns
+    assert any(e["event"] == "partition_turns_cycling" for e in events)
+    assert any(e["event"] == "partition_running" and e["attempt"] > 1 for e in events)
+
+
 class StallingSource:
     """Partition 'steady' heartbeats in real time. Partition 'stalling' goes silent (its query
     open, no heartbeat) until the test ends, ``stalls`` times: its first query after five data

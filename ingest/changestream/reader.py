@@ -3,10 +3,20 @@
 Workers only run queries and put what they read on one queue. The coordinator alone owns the
 partition tracker and the transaction assembler, so their rules stay single-threaded and are the
 same code the property tests drive. Data flows one way: query → tracker/assembler → release.
+
+At most ``max_concurrent_partitions`` partitions are read at once, each in a turn on its own
+worker thread. While every live partition has a turn, a turn tails its partition in windows of
+``query_window_s``. Once more partitions live than turns, partitions take turns lowest watermark
+first: a turn reads its partition up to now (a query whose end timestamp is the present) and
+hands it back, and a tailing turn hands its partition back at its next record. So threads,
+sockets and buffers stay bounded with any number of partitions, and the low watermark still
+advances, at the cost of one round of turns in latency.
 """
 
 from __future__ import annotations
 
+import enum
+import heapq
 import queue
 import threading
 import time
@@ -18,7 +28,7 @@ import structlog
 from tenacity import Retrying, retry_if_exception, wait_exponential_jitter
 
 from ingest.changestream.retries import RetryPolicy, StreamEndedEarly, is_transient
-from ingest.model.records import ChangeRecord, ChildPartitionsRecord
+from ingest.model.records import ChangeRecord, ChildPartitionsRecord, HeartbeatRecord
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 from ingest.rules.coordinator import Coordinator
 from ingest.rules.partitions import INITIAL_PARTITION, resume_timestamp, watermark_after
@@ -43,6 +53,7 @@ class ReaderConfig:
     end_timestamp: Nanos | None = None
     heartbeat_ms: int = 1000
     max_concurrent_partitions: int = 512
+    """Partitions read at once (worker threads, open queries); more live partitions take turns."""
     memory_budget_bytes: int = 256 * 1024 * 1024
     stats_interval_s: float = 10.0
     query_window_s: float = 120.0
@@ -80,23 +91,42 @@ class _StreamEnded:
 
 
 @dataclass(frozen=True, slots=True)
+class _TurnEnded:
+    """The worker handed its partition back, unfinished, for another turn."""
+
+    token: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
 class _StreamFailed:
     token: str
     generation: int
     error: BaseException
 
 
-_Event = _QueryStarted | _RecordRead | _StreamEnded | _StreamFailed
+_Event = _QueryStarted | _RecordRead | _StreamEnded | _TurnEnded | _StreamFailed
+
+
+class _Outcome(enum.Enum):
+    FINISHED = "finished"
+    """The partition reported its children, or reached the reader's end timestamp."""
+    WINDOW_CLOSED = "window closed"
+    """The query reached its end timestamp, the partition living on."""
+    HANDED_BACK = "handed back"
+    """The turn stopped reading so that a partition waiting for a turn gets one."""
 
 
 class BackpressureGate:
     """Pauses partitions that run ahead of the low watermark while the buffer is over budget.
 
     The partition holding the low watermark never waits, so the watermark keeps advancing and
-    releases what is buffered: backpressure without deadlock.
+    releases what is buffered: backpressure without deadlock. A paused turn is handed back
+    instead when a partition waits for a turn: the one holding the low watermark may be it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, turn_wanted: threading.Event) -> None:
+        self._turn_wanted = turn_wanted
         self._condition = threading.Condition()
         self._over_budget = False
         self._low_watermark: Nanos | None = None
@@ -107,7 +137,8 @@ class BackpressureGate:
             self._low_watermark = low_watermark
             self._condition.notify_all()
 
-    def wait_turn(self, partition_watermark: Nanos, stop: threading.Event) -> None:
+    def wait_turn(self, partition_watermark: Nanos, stop: threading.Event) -> bool:
+        """Wait while the partition must; True when it should hand its turn back instead."""
         with self._condition:
             while (
                 self._over_budget
@@ -115,7 +146,10 @@ class BackpressureGate:
                 and partition_watermark > self._low_watermark
                 and not stop.is_set()
             ):
+                if self._turn_wanted.is_set():
+                    return True
                 self._condition.wait(0.1)
+            return False
 
 
 @dataclass(slots=True)
@@ -144,7 +178,9 @@ class ChangeStreamReader:
         self._wall_clock = wall_clock
         self._sleep = sleep
         self._events: queue.Queue[_Event] = queue.Queue(maxsize=EVENT_QUEUE_SIZE)
-        self._gate = BackpressureGate()
+        self._turn_wanted = threading.Event()
+        """Set while a partition waits for a turn: reading turns hand theirs back."""
+        self._gate = BackpressureGate(self._turn_wanted)
         self._workers_stop = threading.Event()
         self.coordinator = Coordinator(
             config.start_timestamp, config.end_timestamp, log, resume_from
@@ -152,11 +188,16 @@ class ChangeStreamReader:
         self.tracker = self.coordinator.tracker
         self.assembler = self.coordinator.assembler
         self._records_read = 0
-        self._slot_warning_logged = False
+        self._turns_started = 0
         self._monotonic = monotonic
         self._generations: dict[str, int] = {}
         """The worker generation each running partition's events must carry; a restarted
         partition's old worker stops at its next record and its events are dropped."""
+        self._in_turn: set[str] = set()
+        self._waiting: list[tuple[Nanos, str]] = []
+        """Partitions waiting for a turn, a heap by watermark: the lowest holds the low
+        watermark back the longest."""
+        self._cycling = False
         self._moved_at: dict[str, float] = {}
         self._stuck_restarts: dict[str, int] = {}
         self._next_stuck_check = 0.0
@@ -175,7 +216,7 @@ class ChangeStreamReader:
         stats_window = (time.monotonic(), 0)
         try:
             while not stop.is_set():
-                self._start_ready_partitions()
+                self._start_turns()
                 self._drain_events()
                 self._release(on_release)
                 self._restart_stuck_partitions()
@@ -192,20 +233,36 @@ class ChangeStreamReader:
 
     # -- coordinator -----------------------------------------------------------------------
 
-    def _start_ready_partitions(self) -> None:
-        free = self._config.max_concurrent_partitions - self.tracker.running_count
-        for partition in self.tracker.take_ready(free):
+    def _start_turns(self) -> None:
+        """Give free turns to waiting partitions, lowest watermark first. Over the memory budget
+        only partitions at the low watermark get one: the others would only wait in it."""
+        for partition in self.tracker.take_ready():
             self._generations[partition.token] = 0
-            self._start_worker(partition.token, partition.start_timestamp, partition.watermark)
-        waiting = self.tracker.ready_count()
-        if waiting and not self._slot_warning_logged:
-            self._log.warning(
-                "partition_concurrency_limit_reached",
+            heapq.heappush(self._waiting, (partition.watermark, partition.token))
+        free = self._config.max_concurrent_partitions - len(self._in_turn)
+        limit: Nanos | None = None
+        if self.assembler.buffered_bytes > self._config.memory_budget_bytes:
+            limit = self.coordinator.low_watermark()
+        while self._waiting and free > 0 and (limit is None or self._waiting[0][0] <= limit):
+            _, token = heapq.heappop(self._waiting)
+            partition = self.tracker.partition(token)
+            self._in_turn.add(token)
+            self._turns_started += 1
+            free -= 1
+            self._start_worker(token, partition.start_timestamp, partition.watermark)
+        wanted = bool(self._waiting) and (limit is None or self._waiting[0][0] <= limit)
+        if wanted:
+            self._turn_wanted.set()
+        else:
+            self._turn_wanted.clear()
+        cycling = len(self._in_turn) + len(self._waiting) > self._config.max_concurrent_partitions
+        if cycling != self._cycling:
+            self._log.info(
+                "partition_turns_cycling" if cycling else "partition_turns_steady",
                 max_concurrent_partitions=self._config.max_concurrent_partitions,
-                partitions_waiting=waiting,
-                note="the low watermark cannot pass a partition that is not read",
+                live_partitions=len(self._in_turn) + len(self._waiting),
             )
-        self._slot_warning_logged = bool(waiting)
+            self._cycling = cycling
 
     def _start_worker(self, token: str, start: Nanos, watermark: Nanos) -> None:
         threading.Thread(
@@ -268,6 +325,8 @@ class ChangeStreamReader:
     def _apply(self, event: _Event) -> None:
         if event.generation != self._generations.get(event.token):
             return  # a restarted partition's old worker
+        if isinstance(event, _TurnEnded | _StreamEnded | _StreamFailed):
+            self._in_turn.discard(event.token)
         if isinstance(event, _RecordRead):
             self._records_read += 1
             partition = self.tracker.partition(event.token)
@@ -281,6 +340,10 @@ class ChangeStreamReader:
         elif isinstance(event, _QueryStarted):
             self.coordinator.query_started(event.token, event.start)
             self._moved_at.setdefault(event.token, self._monotonic())
+        elif isinstance(event, _TurnEnded):
+            self._moved_at.pop(event.token, None)
+            partition = self.tracker.partition(event.token)
+            heapq.heappush(self._waiting, (partition.watermark, event.token))
         elif isinstance(event, _StreamEnded):
             self.coordinator.stream_ended(event.token)
             for running in (self._moved_at, self._stuck_restarts, self._generations):
@@ -315,6 +378,9 @@ class ChangeStreamReader:
             open_transactions=self.assembler.open_transactions,
             buffered_bytes=self.assembler.buffered_bytes,
             active_partitions=len(self.tracker.unfinished()),
+            partitions_in_turn=len(self._in_turn),
+            partitions_waiting_for_turn=len(self._waiting),
+            turns_started=self._turns_started,
             duplicates_dropped=self.assembler.stats.duplicates_dropped,
             stuck_partitions=len(self._stuck_restarts),
         )
@@ -323,6 +389,7 @@ class ChangeStreamReader:
     # -- workers ---------------------------------------------------------------------------
 
     def _read_partition(self, token: str, start: Nanos, watermark: Nanos, generation: int) -> None:
+        """One turn: query the partition until it finishes, or until its turn is wanted."""
         progress = _Progress(watermark=watermark)
 
         def stopped() -> bool:
@@ -345,18 +412,25 @@ class ChangeStreamReader:
             sleep=self._sleep,
             reraise=True,
         )
+        outcome = _Outcome.WINDOW_CLOSED
         try:
-            finished = False
-            while not (finished or stopped()):
+            while outcome is _Outcome.WINDOW_CLOSED and not stopped():
+                if self._turn_wanted.is_set() and progress.watermark > watermark:
+                    outcome = _Outcome.HANDED_BACK
+                    break
                 for attempt in retrying:
                     with attempt:
-                        finished = self._query_once(token, generation, start, progress, stopped)
+                        outcome = self._query_once(token, generation, start, progress, stopped)
         except BaseException as error:
             if not stopped():
                 self._events.put(_StreamFailed(token, generation, error))
             return
-        if not stopped():
+        if stopped():
+            return
+        if outcome is _Outcome.FINISHED:
             self._events.put(_StreamEnded(token, generation))
+        else:
+            self._events.put(_TurnEnded(token, generation))
 
     def _query_once(
         self,
@@ -365,16 +439,16 @@ class ChangeStreamReader:
         start: Nanos,
         progress: _Progress,
         stopped: Callable[[], bool],
-    ) -> bool:
-        """One bounded query of the partition: True once the partition is finished (its child
-        partitions record, or the reader's end timestamp), False when its window closed having
-        moved the partition on (query again from the resume timestamp)."""
+    ) -> _Outcome:
+        """One bounded query of the partition. While partitions wait for a turn it reads up to
+        now, else it tails for a window; either way it may hand the turn back mid-stream."""
         query_start = resume_timestamp(start, progress.watermark)
         watermark_before = progress.watermark
         self._events.put(_QueryStarted(token, generation, query_start))
-        window_end = max(self._wall_clock(), query_start) + int(
-            self._config.query_window_s * NANOS_PER_SECOND
-        )
+        catching_up = self._turn_wanted.is_set()
+        now = self._wall_clock()
+        window = 0 if catching_up else int(self._config.query_window_s * NANOS_PER_SECOND)
+        window_end = max(now, query_start) + window
         final = self._config.end_timestamp
         end = window_end if final is None else min(final, window_end)
         try:
@@ -383,16 +457,30 @@ class ChangeStreamReader:
             )
             for record in records:
                 if stopped():
-                    return True
-                self._gate.wait_turn(progress.watermark, self._workers_stop)
+                    return _Outcome.FINISHED
+                if self._gate.wait_turn(progress.watermark, self._workers_stop):
+                    return _Outcome.HANDED_BACK
                 progress.watermark = max(progress.watermark, watermark_after(record))
                 if isinstance(record, ChildPartitionsRecord):
                     progress.saw_child_partitions = True
                 self._events.put(_RecordRead(token, generation, record))
+                if (
+                    not (catching_up or progress.saw_child_partitions)
+                    and self._turn_wanted.is_set()
+                    and progress.watermark > watermark_before
+                ):
+                    return _Outcome.HANDED_BACK
             if progress.saw_child_partitions or end == final or stopped():
-                finished = True
+                outcome = _Outcome.FINISHED
+            elif end <= self._wall_clock():
+                # A query that closed cleanly at an end timestamp already past delivered every
+                # record up to it (as a reader's end timestamp does): that end is proven, as by
+                # a heartbeat at it. A catching-up query often returns no record at all.
+                progress.watermark = max(progress.watermark, end)
+                self._events.put(_RecordRead(token, generation, HeartbeatRecord(end)))
+                outcome = _Outcome.WINDOW_CLOSED
             elif progress.watermark > watermark_before:
-                finished = False
+                outcome = _Outcome.WINDOW_CLOSED
             else:
                 raise StreamEndedEarly(
                     f"partition {token or '(initial)'} closed without a child partitions record "
@@ -405,4 +493,4 @@ class ChangeStreamReader:
             )
             raise
         progress.failures_without_progress = 0
-        return finished
+        return outcome

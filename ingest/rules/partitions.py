@@ -105,6 +105,9 @@ class PartitionTracker:
         self._end_timestamp = end_timestamp
         self._log = log or null_logger()
         self._partitions: dict[str, Partition] = {}
+        self._created: dict[str, Partition] = {}
+        """Partitions not scheduled yet: scanned every reader loop, so kept apart from the
+        thousands that run."""
         self._finished: dict[str, frozenset[str]] = {}
         """Finished tokens still needed, with the partitions that reported them."""
         self._landing: dict[str, Partition] = {}
@@ -128,6 +131,7 @@ class PartitionTracker:
                 watermark=max(saved.start_timestamp - 1, low_watermark),
             )
             self._partitions[partition.token] = partition
+            self._created[partition.token] = partition
             self._log.info(
                 "partition_restored",
                 partition_token=partition.token,
@@ -144,6 +148,7 @@ class PartitionTracker:
             watermark=start - 1,
         )
         self._partitions[token] = partition
+        self._created[token] = partition
         self._log.info(
             "partition_created",
             partition_token=token,
@@ -155,22 +160,17 @@ class PartitionTracker:
     # -- scheduling ------------------------------------------------------------------------
 
     def _ready(self) -> list[Partition]:
-        return [
-            p
-            for p in self._partitions.values()
-            if p.state is PartitionState.CREATED and p.parent_tokens <= self._finished.keys()
-        ]
+        return [p for p in self._created.values() if p.parent_tokens <= self._finished.keys()]
 
-    def ready_count(self) -> int:
-        return len(self._ready())
-
-    def take_ready(self, limit: int) -> list[Partition]:
-        """Mark up to ``limit`` CREATED partitions whose parents have all finished as SCHEDULED."""
+    def take_ready(self, limit: int | None = None) -> list[Partition]:
+        """Mark up to ``limit`` (or all) CREATED partitions whose parents have all finished as
+        SCHEDULED."""
         ready = self._ready()
         ready.sort(key=lambda p: (p.watermark, p.token))
-        taken = ready[: max(limit, 0)]
+        taken = ready if limit is None else ready[: max(limit, 0)]
         for partition in taken:
             partition.state = PartitionState.SCHEDULED
+            del self._created[partition.token]
             self._log.info("partition_scheduled", partition_token=partition.token)
         return taken
 
@@ -180,19 +180,12 @@ class PartitionTracker:
             raise PartitionLifecycleError(f"partition {token!r} started from {partition.state}")
         partition.state = PartitionState.RUNNING
         partition.attempts += 1
-        self._log.info(
+        log = self._log.info if partition.attempts == 1 else self._log.debug
+        log(
             "partition_running",
             partition_token=token,
             query_start_timestamp=to_rfc3339(query_start),
             attempt=partition.attempts,
-        )
-
-    @property
-    def running_count(self) -> int:
-        return sum(
-            1
-            for p in self._partitions.values()
-            if p.state in (PartitionState.SCHEDULED, PartitionState.RUNNING)
         )
 
     # -- records ---------------------------------------------------------------------------

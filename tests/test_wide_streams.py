@@ -1,0 +1,139 @@
+"""Thousands of live partitions, splitting and merging, through the real Spanner client on the
+scripted server in real time: the reader takes turns at a bounded number of queries, and every
+transaction arrives once, whole, in order, across a restart from a random checkpoint."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.changestream.retries import RetryPolicy
+from ingest.model.logs import null_logger
+from ingest.model.records import Transaction
+from ingest.model.timestamps import NANOS_PER_SECOND, Nanos
+from ingest.rules.resume import Release, ResumePoint
+from tests.scripted_spanner import Script, parents_of, scripted_query, start_server
+from tests.simulation import build_wide_topology
+
+PARTITIONS = 2_000
+TURNS = 32
+RSS_GROWTH_BOUND = 128 * 1024 * 1024
+"""Measured growth: 37 MiB (the client, the server in this process, 2,000 partitions'
+bookkeeping). The bound catches a reader whose memory grows with its partitions' streams or
+queries, not a few MiB of noise."""
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+@dataclass
+class Sampler:
+    """Samples the process's threads and RSS while the readers run."""
+
+    most_threads: int = 0
+    most_turn_threads: int = 0
+    most_rss: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            threads = threading.enumerate()
+            self.most_threads = max(self.most_threads, len(threads))
+            turns = sum(t.name.startswith("partition-") for t in threads)
+            self.most_turn_threads = max(self.most_turn_threads, turns)
+            self.most_rss = max(self.most_rss, rss_bytes())
+
+
+@pytest.fixture
+def no_emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv("SPANNER_EMULATOR_HOST", raising=False)
+    yield
+
+
+def run_until(
+    reader: ChangeStreamReader, stop_at: Nanos | None
+) -> tuple[list[Transaction], ResumePoint | None]:
+    """Run a reader; stop it at the first release past ``stop_at``, keeping what a sink would
+    have stored."""
+    released: list[Transaction] = []
+    resume: list[ResumePoint] = []
+    stop = threading.Event()
+
+    def land(release: Release) -> None:
+        released.extend(release.transactions)
+        resume.append(release.resume_point)
+        if stop_at is not None and release.low_watermark >= stop_at:
+            stop.set()
+
+    reader.run(land, stop)
+    return released, (resume[-1] if resume else None)
+
+
+def test_two_thousand_partitions_split_and_merge_and_lose_nothing(no_emulator: None) -> None:
+    rng = random.Random(2_000)
+    start = time.time_ns() + NANOS_PER_SECOND
+    horizon = 15 * NANOS_PER_SECOND
+    topology = build_wide_topology(
+        rng,
+        partitions=PARTITIONS,
+        changes=400,
+        transactions=1_500,
+        start=start,
+        horizon=horizon,
+    )
+    streams = topology.records_by_partition()
+    script = Script(streams, parents=parents_of(streams), live=True)
+    server, servicer, port = start_server(script, workers=4 * TURNS)
+    sampler = Sampler()
+    rss_before = rss_bytes()
+    threads_before = threading.active_count()
+    threading.Thread(target=sampler.run, daemon=True).start()
+
+    def reader(resume_from: ResumePoint | None) -> ChangeStreamReader:
+        config = ReaderConfig(
+            start_timestamp=topology.start,
+            end_timestamp=topology.end,
+            max_concurrent_partitions=TURNS,
+            retry=RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.1),
+        )
+        source = scripted_query(port)
+        return ChangeStreamReader(source, config, null_logger(), resume_from=resume_from)
+
+    try:
+        stop_at = start + int(rng.uniform(0.2, 0.7) * horizon)
+        first, checkpoint = run_until(reader(None), stop_at)
+        assert checkpoint is not None
+        landed = [t for t in first if t.commit_timestamp <= checkpoint.low_watermark]
+        second, _ = run_until(reader(checkpoint), None)
+    finally:
+        sampler.stop.set()
+        server.stop(grace=None)
+
+    expected = topology.expected()
+    assert landed + second == expected
+    assert 0 < len(landed) < len(expected)
+    assert len(checkpoint.partitions.partitions) >= PARTITIONS // 2
+    assert not servicer.queried_before_parents
+    merged = [t for t, parents in script.parents.items() if len(parents) > 1]
+    assert merged and {t for t, *_ in servicer.queries} >= set(merged)
+    assert len(servicer.queries) > 2 * PARTITIONS, "partitions took more than one turn each"
+    # a turn's thread may still be closing its stream when the next turn starts
+    assert sampler.most_turn_threads <= TURNS + 4, sampler
+    # the coordinator, the turns, the scripted server's workers, the client's and the sampler
+    assert sampler.most_threads <= threads_before + TURNS + 4 * TURNS + 16
+    assert sampler.most_rss - rss_before < RSS_GROWTH_BOUND, (sampler, rss_before)
+    print(
+        f"threads {threads_before} → {sampler.most_threads}, RSS {rss_before >> 20} → "
+        f"{sampler.most_rss >> 20} MiB, queries {len(servicer.queries)}"
+    )
