@@ -356,3 +356,24 @@ def parents_of(streams: dict[str, list[ChangeRecord]]) -> dict[str, tuple[str, .
         if isinstance(row, ChildPartitionsRecord)
         for child in row.child_partitions
     }
+
+
+def main() -> None:
+    """Serve a pickled ``Script`` in a process of its own (benchmarks: the server must not share
+    the reader's GIL or CPU). Prints the port, then serves until killed."""
+    import argparse
+    import pickle
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--script", required=True)
+    parser.add_argument("--workers", type=int, default=32)
+    args = parser.parse_args()
+    with open(args.script, "rb") as file:
+        script = pickle.load(file)
+    server, _, port = start_server(script, workers=args.workers)
+    print(port, flush=True)
+    server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    main()

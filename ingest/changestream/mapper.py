@@ -1,8 +1,8 @@
 """Result rows of a change stream query → typed records, for both SQL dialects.
 
-GoogleSQL returns ``ChangeRecord`` as nested positional structs whose field order is only known
-from the result metadata; PostgreSQL returns one JSONB document per row. Both are first turned into
-the same dict shape (named fields), then into records by one function.
+PostgreSQL returns one JSONB document per row, read as text from the raw protobuf value the
+client leaves undecoded (``lazy_decode``), then built into records by field name. GoogleSQL rows
+are built by position from the same raw values (``raw_mapper``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from google.cloud.spanner_v1 import TypeCode
 from google.cloud.spanner_v1.data_types import JsonObject
 
 from ingest.model import timestamps
@@ -50,50 +49,19 @@ def plain_json(value: Any) -> Any:
     return value
 
 
-def struct_namer(field_type: Any) -> Callable[[Any], Any]:
-    """Build a function that names the positional struct fields of a value of ``field_type``.
-
-    Built once per query from the result metadata, so each row costs only the list walk.
-    """
-    code = field_type.code
-    if code == TypeCode.ARRAY:
-        element = struct_namer(field_type.array_element_type)
-        return lambda value: None if value is None else [element(item) for item in value]
-    if code == TypeCode.STRUCT:
-        names = [field.name for field in field_type.struct_type.fields]
-        converters = [struct_namer(field.type_) for field in field_type.struct_type.fields]
-        fields = list(zip(names, converters, strict=True))
-
-        def name_struct(value: Any) -> dict[str, Any] | None:
-            if value is None:
-                return None
-            pairs = zip(fields, value, strict=True)
-            return {name: convert(item) for (name, convert), item in pairs}
-
-        return name_struct
-    return lambda value: value
-
-
-def googlesql_row_mapper(fields: Any) -> Callable[[list[Any]], list[dict[str, Any]]]:
-    """Mapper for rows of ``SELECT ChangeRecord FROM READ_<stream>(...)``."""
-    if len(fields) != 1 or fields[0].name != "ChangeRecord":
-        raise UnknownRecordError(f"unexpected result columns: {[f.name for f in fields]}")
-    name_change_record = struct_namer(fields[0].type_)
-    return lambda row: name_change_record(row[0]) or []
-
-
-def postgresql_row_mapper(fields: Any) -> Callable[[list[Any]], list[dict[str, Any]]]:
-    """Mapper for rows of ``SELECT * FROM spanner.read_json_<stream>(...)``."""
+def postgresql_raw_row_mapper(fields: Any) -> Callable[[list[Any]], list[ChangeRecord]]:
+    """Mapper for raw (``lazy_decode``) rows of ``spanner.read_json_<stream>``: each row is one
+    JSONB document, as text."""
     if len(fields) != 1:
         raise UnknownRecordError(f"unexpected result columns: {[f.name for f in fields]}")
 
-    def to_dicts(row: list[Any]) -> list[dict[str, Any]]:
-        document = plain_json(row[0])
-        if not isinstance(document, Mapping):
+    def to_records(row: list[Any]) -> list[ChangeRecord]:
+        document = json.loads(row[0].string_value)
+        if not isinstance(document, dict):
             raise UnknownRecordError(f"change record is not a JSON object: {document!r:.200}")
-        return [dict(document)]
+        return records_from_change_record(document)
 
-    return to_dicts
+    return to_records
 
 
 def records_from_change_record(change_record: Mapping[str, Any]) -> list[ChangeRecord]:

@@ -16,7 +16,7 @@ from google.api_core import exceptions as api_exceptions
 from google.cloud.spanner_v1 import param_types
 from google.cloud.spanner_v1.database import Database
 
-from ingest.changestream import mapper
+from ingest.changestream import mapper, raw_mapper
 from ingest.model.records import ChangeRecord
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_datetime, to_rfc3339
 
@@ -176,10 +176,11 @@ def statement(
     return sql, dict(zip(names, values, strict=True)), dict(zip(names, types, strict=True))
 
 
-def row_mapper(dialect: Dialect, fields: Any) -> Callable[[list[Any]], list[dict[str, Any]]]:
+def row_mapper(dialect: Dialect, fields: Any) -> Callable[[list[Any]], list[ChangeRecord]]:
+    """The mapper of raw (``lazy_decode``) rows of the dialect's change stream query."""
     if dialect is Dialect.POSTGRESQL:
-        return mapper.postgresql_row_mapper(fields)
-    return mapper.googlesql_row_mapper(fields)
+        return mapper.postgresql_raw_row_mapper(fields)
+    return raw_mapper.googlesql_raw_row_mapper(fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,10 +216,9 @@ class ChangeStreamQuery:
             self.stream, self.dialect, partition_token, start, end, self.heartbeat_ms
         )
         with self.database.snapshot() as snapshot:
-            results = snapshot.execute_sql(sql, params=params, param_types=types)
-            to_dicts = None
+            results = snapshot.execute_sql(sql, params=params, param_types=types, lazy_decode=True)
+            to_records = None
             for row in results:
-                if to_dicts is None:
-                    to_dicts = row_mapper(self.dialect, results.fields)
-                for change_record in to_dicts(row):
-                    yield from mapper.records_from_change_record(change_record)
+                if to_records is None:
+                    to_records = row_mapper(self.dialect, results.fields)
+                yield from to_records(row)
