@@ -197,3 +197,28 @@ class TestValues:
         assert decode_value(strings, ["NULL"]) == ["NULL"]
         documents = {"code": "ARRAY", "array_element_type": {"code": "JSON"}}
         assert decode_value(documents, ['{"a":null}', "NULL", "null"]) == [{"a": None}, None, None]
+
+
+class TestStreamInfo:
+    """The stream's options as information_schema lists them (one row per option)."""
+
+    def test_retention_and_unknown_streams(self) -> None:
+        from ingest.changestream.query import ChangeStreamRequestError, stream_info
+
+        rows = [
+            ("orders", "retention_period", "36h"),
+            ("orders", "value_capture_type", "NEW_ROW"),
+            ("audit", None, None),
+        ]
+        assert stream_info("orders", "db", rows).retention_nanos == 36 * 3600 * 10**9
+        assert stream_info("audit", "db", rows).retention_nanos == 24 * 3600 * 10**9
+        with pytest.raises(ChangeStreamRequestError, match=r"streams: audit, orders"):
+            stream_info("missing", "db", rows)
+
+    def test_the_mutable_key_range_partition_mode_is_refused_in_one_line(self) -> None:
+        from ingest.changestream.query import ChangeStreamRequestError, stream_info
+
+        rows = [("orders", "partition_mode", "MUTABLE_KEY_RANGE")]
+        with pytest.raises(ChangeStreamRequestError, match="partition_mode MUTABLE_KEY_RANGE"):
+            stream_info("orders", "db", rows)
+        assert stream_info("orders", "db", [("orders", "partition_mode", "IMMUTABLE_KEY_RANGE")])

@@ -129,21 +129,43 @@ def describe_stream(database: Database, stream: str) -> ChangeStreamInfo:
     """Look the stream up; an unknown stream is a ``ChangeStreamRequestError``."""
     validate_stream_name(stream)
     sql = (
-        "SELECT s.change_stream_name, o.option_value FROM information_schema.change_streams s "
+        "SELECT s.change_stream_name, o.option_name, o.option_value "
+        "FROM information_schema.change_streams s "
         "LEFT JOIN information_schema.change_stream_options o "
-        "ON o.change_stream_name = s.change_stream_name AND o.option_name = 'retention_period'"
+        "ON o.change_stream_name = s.change_stream_name"
     )
     with database.snapshot() as snapshot:
         rows = list(snapshot.execute_sql(sql))
-    retention = {name: value for name, value in rows}
-    if stream not in retention:
-        known = ", ".join(sorted(retention)) or "none"
+    return stream_info(stream, database.database_id, rows)
+
+
+def stream_info(
+    stream: str, database_id: str, rows: list[tuple[str, str | None, str | None]]
+) -> ChangeStreamInfo:
+    """The stream's retention from its ``information_schema`` options; a stream this reader
+    cannot read (unknown, or in the ``MUTABLE_KEY_RANGE`` partition mode, whose rows are a PROTO
+    ``ChangeRecord``) is a ``ChangeStreamRequestError``."""
+    options: dict[str, dict[str, str]] = {}
+    for name, option, value in rows:
+        known = options.setdefault(name, {})
+        if option is not None and value is not None:
+            known[option.lower()] = value
+    if stream not in options:
+        known_streams = ", ".join(sorted(options)) or "none"
         raise ChangeStreamRequestError(
-            f"change stream {stream!r} does not exist in database {database.database_id} "
-            f"(streams: {known})"
+            f"change stream {stream!r} does not exist in database {database_id} "
+            f"(streams: {known_streams})"
         )
-    value = retention[stream]
-    return ChangeStreamInfo(stream, parse_retention(value) if value else DEFAULT_RETENTION_NANOS)
+    mode = options[stream].get("partition_mode", "").upper()
+    if mode == "MUTABLE_KEY_RANGE":
+        raise ChangeStreamRequestError(
+            f"change stream {stream!r} uses partition_mode MUTABLE_KEY_RANGE, which this version "
+            "does not read (only the original partition mode)"
+        )
+    retention = options[stream].get("retention_period")
+    return ChangeStreamInfo(
+        stream, parse_retention(retention) if retention else DEFAULT_RETENTION_NANOS
+    )
 
 
 def statement(

@@ -1,0 +1,173 @@
+"""Reader at 10, 500 and 5,000 live partitions on the scripted server, in real time.
+
+The server (another process, so it does not share the reader's GIL) serves a wide topology live:
+each record when the clock reaches its commit timestamp, heartbeats on silent partitions, a few
+hundred splits, moves and merges, transactions at a fixed rate (a third spread over several
+partitions). The reader runs with the product's default turns (512) and with 64, and reports
+records/s, commit→release latency, the reader's CPU per record, threads and RSS.
+
+Usage: python bench/wide_reader.py [--seconds 20] [--rate 100] [--widths 10,500,5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import platform
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.pop("SPANNER_EMULATOR_HOST", None)
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.model.logs import null_logger
+from ingest.model.records import ChangeRecord
+from ingest.model.timestamps import NANOS_PER_SECOND, Nanos
+from ingest.rules.resume import Release
+from tests.scripted_spanner import Script, scripted_query
+from tests.simulation import build_wide_topology
+
+
+def serve(script: Script, workers: int) -> tuple[subprocess.Popen[str], int]:
+    """The scripted server in a process of its own, serving ``script``."""
+    path = Path(tempfile.mkdtemp()) / "script.pickle"
+    path.write_bytes(pickle.dumps(script))
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.scripted_spanner",
+            f"--script={path}",
+            f"--workers={workers}",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    return server, int(server.stdout.readline())  # type: ignore[union-attr]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run(width: int, turns: int, seconds: int, rate: int, seed: int) -> dict[str, float]:
+    transactions = seconds * rate
+    start = time.time_ns() + 3 * NANOS_PER_SECOND + width * 1_000_000  # time to build and serve
+    horizon = seconds * NANOS_PER_SECOND
+    changes = min(400, max(2, width // 10))
+    args = dict(
+        partitions=width, changes=changes, transactions=transactions, start=start, horizon=horizon
+    )
+    topology = build_wide_topology(random.Random(seed), **args)  # type: ignore[arg-type]
+    server, port = serve(Script(topology.records_by_partition(), live=True), 4 * turns + 16)
+    try:
+        config = ReaderConfig(
+            start_timestamp=start, end_timestamp=start + horizon, max_concurrent_partitions=turns
+        )
+        query = scripted_query(port)
+        queries = 0
+
+        class Counting:
+            def read(
+                self, token: str | None, start: Nanos, end: Nanos | None
+            ) -> Iterator[ChangeRecord]:
+                nonlocal queries
+                queries += 1
+                return query.read(token, start, end)
+
+        reader = ChangeStreamReader(Counting(), config, null_logger())
+        latencies: list[float] = []
+        records = 0
+        most_threads = 0
+        most_rss = 0.0
+
+        def land(release: Release) -> None:
+            nonlocal records
+            now = time.time_ns()
+            for transaction in release.transactions:
+                latencies.append((now - transaction.commit_timestamp) / NANOS_PER_SECOND)
+                records += len(transaction.records)
+
+        done = threading.Event()
+
+        def sample() -> None:
+            nonlocal most_threads, most_rss
+            while not done.wait(0.1):
+                most_threads = max(most_threads, threading.active_count())
+                most_rss = max(most_rss, rss_mib())
+
+        threading.Thread(target=sample, daemon=True).start()
+        cpu_before = resource.getrusage(resource.RUSAGE_SELF)
+        began = time.monotonic()
+        reader.run(land, threading.Event())
+        elapsed = time.monotonic() - began
+        cpu_after = resource.getrusage(resource.RUSAGE_SELF)
+        done.set()
+    finally:
+        server.kill()
+        server.wait()
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+    assert len(latencies) == len(topology.transactions), "every transaction released"
+    return {
+        "width": width,
+        "turns": turns,
+        "records": records,
+        "elapsed_s": elapsed,
+        "records_per_s": records / elapsed,
+        "p50_s": percentile(latencies, 0.5),
+        "p99_s": percentile(latencies, 0.99),
+        "reader_cpu_s": cpu,
+        "cpu_ms_per_record": 1000 * cpu / max(records, 1),
+        "queries": queries,
+        "cpu_ms_per_query": 1000 * cpu / max(queries, 1),
+        "threads": most_threads,
+        "rss_mib": most_rss,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=int, default=20)
+    parser.add_argument("--rate", type=int, default=100)
+    parser.add_argument("--widths", default="10,500,5000")
+    parser.add_argument("--turns", default="512,64")
+    parser.add_argument("--seed", type=int, default=5)
+    args = parser.parse_args()
+    print(f"# {platform.node()} {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"# {args.seconds} s live at {args.rate} transactions/s, server in its own process")
+    header = "| partitions | turns | records/s | commit→release p50 | p99 | reader CPU ms/record |"
+    print(header + " threads | RSS MiB | queries | reader CPU ms/query |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for width in (int(w) for w in args.widths.split(",")):
+        for turns in (int(t) for t in args.turns.split(",")):
+            r = run(width, turns, args.seconds, args.rate, args.seed)
+            print(
+                f"| {width:,} | {turns} | {r['records_per_s']:.0f} | {r['p50_s']:.2f} s | "
+                f"{r['p99_s']:.2f} s | {r['cpu_ms_per_record']:.2f} | {r['threads']} | "
+                f"{r['rss_mib']:.0f} | {r['queries']:,} | {r['cpu_ms_per_query']:.2f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
