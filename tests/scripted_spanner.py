@@ -9,6 +9,7 @@ rows back; ``honor_resume_tokens=False`` restarts from the beginning on resume, 
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -24,11 +25,21 @@ from google.cloud import spanner
 from google.cloud.spanner_v1 import PartialResultSet, ResultSetMetadata, StructType, Type, TypeCode
 from google.cloud.spanner_v1.testing import spanner_pb2_grpc
 from google.cloud.spanner_v1.testing.mock_spanner import SpannerServicer
-from google.protobuf import json_format, struct_pb2
+from google.cloud.spanner_v1.types import ChangeStreamRecord
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from ingest.changestream.query import ChangeStreamQuery, Dialect
 from ingest.model.encoding import canonical_json
-from ingest.model.records import ChangeRecord, ChildPartitionsRecord, HeartbeatRecord
+from ingest.model.records import (
+    ChangeRecord,
+    ChildPartitionsRecord,
+    DataChangeRecord,
+    HeartbeatRecord,
+    PartitionEndRecord,
+    PartitionEventRecord,
+    PartitionStartRecord,
+    record_timestamp,
+)
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
 from ingest.rules.partitions import INITIAL_PARTITION
 from tests.simulation import records_from
@@ -153,6 +164,80 @@ def encode(record: ChangeRecord) -> list[Any]:
     return _native([[heartbeat, children, data]])
 
 
+MUTABLE_KEY_RANGE_RECORD = Type(
+    code=TypeCode.PROTO, proto_type_fqn="google.spanner.v1.ChangeStreamRecord"
+)
+_PROTO = ChangeStreamRecord.pb()
+_DATA_PB = ChangeStreamRecord.DataChangeRecord.pb()
+
+
+def _timestamp_pb(nanos: Nanos) -> timestamp_pb2.Timestamp:
+    return timestamp_pb2.Timestamp(seconds=nanos // 10**9, nanos=nanos % 10**9)
+
+
+def encode_proto(record: ChangeRecord) -> str:
+    """One ``MUTABLE_KEY_RANGE`` row: a ``google.spanner.v1.ChangeStreamRecord`` (Spanner v1
+    ``change_stream.proto``), serialized and base64-encoded as Spanner sends PROTO values."""
+    message = _PROTO()
+    if isinstance(record, DataChangeRecord):
+        data = message.data_change_record
+        data.commit_timestamp.CopyFrom(_timestamp_pb(record.commit_timestamp))
+        data.record_sequence = record.record_sequence
+        data.server_transaction_id = record.server_transaction_id
+        data.is_last_record_in_transaction_in_partition = (
+            record.is_last_record_in_transaction_in_partition
+        )
+        data.table = record.table_name
+        index = {}
+        for position, column in enumerate(record.column_types):
+            index[column.name] = position
+            metadata = data.column_metadata.add()
+            metadata.name = column.name
+            json_format.ParseDict(column.type, metadata.type_)
+            metadata.is_primary_key = column.is_primary_key
+            metadata.ordinal_position = column.ordinal_position
+        for mod in record.mods:
+            out = data.mods.add()
+            for target, values in (
+                (out.keys, mod.keys),
+                (out.new_values, mod.new_values),
+                (out.old_values, mod.old_values),
+            ):
+                for name, value in values.items():
+                    if name not in index:  # a value of a column the record does not list
+                        index[name] = len(index)
+                        data.column_metadata.add().name = name
+                    item = target.add()
+                    item.column_metadata_index = index[name]
+                    json_format.ParseDict(value, item.value)
+        data.mod_type = _DATA_PB.ModType.Value(record.mod_type)
+        data.value_capture_type = _DATA_PB.ValueCaptureType.Value(record.value_capture_type)
+        data.number_of_records_in_transaction = record.number_of_records_in_transaction
+        data.number_of_partitions_in_transaction = record.number_of_partitions_in_transaction
+        data.transaction_tag = record.transaction_tag
+        data.is_system_transaction = record.is_system_transaction
+    elif isinstance(record, HeartbeatRecord):
+        message.heartbeat_record.timestamp.CopyFrom(_timestamp_pb(record.timestamp))
+    elif isinstance(record, PartitionStartRecord):
+        start = message.partition_start_record
+        start.start_timestamp.CopyFrom(_timestamp_pb(record.start_timestamp))
+        start.record_sequence = record.record_sequence
+        start.partition_tokens.extend(record.partition_tokens)
+    elif isinstance(record, PartitionEndRecord):
+        end = message.partition_end_record
+        end.end_timestamp.CopyFrom(_timestamp_pb(record.end_timestamp))
+        end.record_sequence = record.record_sequence
+        end.partition_token = record.partition_token
+    elif isinstance(record, PartitionEventRecord):
+        event = message.partition_event_record
+        event.commit_timestamp.CopyFrom(_timestamp_pb(record.commit_timestamp))
+        event.record_sequence = record.record_sequence
+        event.partition_token = record.partition_token
+    else:
+        raise TypeError(f"no MUTABLE_KEY_RANGE form for {type(record).__name__}")
+    return base64.b64encode(message.SerializeToString()).decode()
+
+
 @dataclass
 class Fault:
     """Abort the partition's stream with ``code`` after ``after_rows`` rows, ``times`` times."""
@@ -183,6 +268,9 @@ class Script:
     parents: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Each child partition's parents: a child queried before all of them reported it is
     recorded in ``queried_before_parents``."""
+    mutable_key_range: bool = False
+    """Send each record as the ``MUTABLE_KEY_RANGE`` mode does: one PROTO ``ChangeRecord``
+    column holding a serialized ``google.spanner.v1.ChangeStreamRecord``."""
     live: bool = False
     """Serve the streams in real time, as Spanner does: a record no sooner than the wall clock
     reaches its timestamp, a heartbeat after each silent heartbeat interval, and a query that
@@ -215,16 +303,14 @@ class ScriptedChangeStreamServicer(SpannerServicer):
         rows = [
             row
             for row in records_from(self.script.streams[token], start)
-            if end is None or _timestamp(row) <= end
+            if end is None or record_timestamp(row) <= end
         ]
         if self.script.live:
             heartbeat_ms = int(params.get("heartbeat_milliseconds") or 1000)
             yield from self._serve_live(token, rows, start, end, heartbeat_ms, resume, context)
             return
         first = int(resume) + 1 if resume and self.script.honor_resume_tokens else 0
-        metadata = ResultSetMetadata(
-            row_type=StructType(fields=[StructType.Field(name="ChangeRecord", type_=CHANGE_RECORD)])
-        )
+        metadata = self._metadata()
         for index in range(first, len(rows)):
             with self._lock:
                 fault = self.script.faults.get(token)
@@ -243,14 +329,24 @@ class ScriptedChangeStreamServicer(SpannerServicer):
                     time.sleep(0.05)
                 return
             time.sleep(self.script.pace_s.get(token, 0.0))
-            row = json_format.ParseDict(encode(rows[index]), struct_pb2.Value())
             partial = PartialResultSet(resume_token=str(index).encode())
-            partial._pb.values.append(row)
+            partial._pb.values.append(self._row(rows[index]))
             if index == first:
                 partial.metadata = metadata
             yield partial
         if first >= len(rows):
             yield PartialResultSet(metadata=metadata)
+
+    def _metadata(self) -> ResultSetMetadata:
+        column = MUTABLE_KEY_RANGE_RECORD if self.script.mutable_key_range else CHANGE_RECORD
+        return ResultSetMetadata(
+            row_type=StructType(fields=[StructType.Field(name="ChangeRecord", type_=column)])
+        )
+
+    def _row(self, record: ChangeRecord) -> struct_pb2.Value:
+        if self.script.mutable_key_range:
+            return struct_pb2.Value(string_value=encode_proto(record))
+        return json_format.ParseDict(encode(record), struct_pb2.Value())
 
     def _serve_live(
         self,
@@ -262,9 +358,7 @@ class ScriptedChangeStreamServicer(SpannerServicer):
         resume: bytes,
         context: grpc.ServicerContext,
     ) -> Iterator[PartialResultSet]:
-        metadata = ResultSetMetadata(
-            row_type=StructType(fields=[StructType.Field(name="ChangeRecord", type_=CHANGE_RECORD)])
-        )
+        metadata = self._metadata()
         first = int(resume) + 1 if resume else 0
         heartbeat = heartbeat_ms * 1_000_000
         quiet_since = time.time_ns()
@@ -276,15 +370,14 @@ class ScriptedChangeStreamServicer(SpannerServicer):
                 with self._lock:
                     for child in record.child_partitions:
                         self.reported_by.setdefault(child.token, set()).add(token)
-            row = json_format.ParseDict(encode(record), struct_pb2.Value())
             result = PartialResultSet(resume_token=str(index).encode())
-            result._pb.values.append(row)
+            result._pb.values.append(self._row(record))
             if not sent_metadata:
                 result.metadata = metadata
                 sent_metadata = True
             return result
 
-        pending = [(_timestamp(row), index, row) for index, row in enumerate(rows)][first:]
+        pending = [(record_timestamp(row), index, row) for index, row in enumerate(rows)][first:]
         pending.reverse()
         last_sent = first - 1
         while context.is_active():
@@ -312,14 +405,6 @@ class ScriptedChangeStreamServicer(SpannerServicer):
                 quiet_since + heartbeat,
             )
             time.sleep(min(max(wake - now, 0) / 1e9, 0.05))
-
-
-def _timestamp(record: ChangeRecord) -> Nanos:
-    if isinstance(record, HeartbeatRecord):
-        return record.timestamp
-    if isinstance(record, ChildPartitionsRecord):
-        return record.start_timestamp
-    return record.commit_timestamp  # type: ignore[attr-defined,no-any-return]
 
 
 def start_server(

@@ -21,7 +21,11 @@ from ingest.model.records import (
     DataChangeRecord,
     HeartbeatRecord,
     Mod,
+    PartitionEndRecord,
+    PartitionEventRecord,
+    PartitionStartRecord,
     Transaction,
+    record_timestamp,
 )
 from ingest.model.timestamps import Nanos
 from ingest.rules.partitions import INITIAL_PARTITION
@@ -135,7 +139,10 @@ def build_topology(
                 server_transaction_id=txid,
                 is_last_record_in_transaction_in_partition=False,
                 table_name="t",
-                column_types=(ColumnType("k", {"code": "INT64"}, True, 1),),
+                column_types=(
+                    ColumnType("k", {"code": "INT64"}, True, 1),
+                    ColumnType("v", {"code": "INT64"}, False, 2),
+                ),
                 mods=(Mod({"k": str(number * 10 + sequence)}, {"v": sequence}, {}),),
                 mod_type="INSERT",
                 value_capture_type="NEW_ROW_AND_OLD_VALUES",
@@ -164,15 +171,7 @@ def build_topology(
 
 def records_from(stream: list[ChangeRecord], start: Nanos) -> list[ChangeRecord]:
     """What a query of the partition from ``start`` returns (Spanner filters on timestamps)."""
-
-    def at(record: ChangeRecord) -> Nanos:
-        if isinstance(record, DataChangeRecord):
-            return record.commit_timestamp
-        if isinstance(record, HeartbeatRecord):
-            return record.timestamp
-        return record.start_timestamp
-
-    return [record for record in stream if at(record) >= start]
+    return [record for record in stream if record_timestamp(record) >= start]
 
 
 def build_wide_topology(
@@ -258,7 +257,10 @@ def _data_record(
         server_transaction_id=txid,
         is_last_record_in_transaction_in_partition=False,
         table_name="t",
-        column_types=(ColumnType("k", {"code": "INT64"}, True, 1),),
+        column_types=(
+            ColumnType("k", {"code": "INT64"}, True, 1),
+            ColumnType("v", {"code": "INT64"}, False, 2),
+        ),
         mods=(Mod({"k": str(number * 10 + sequence)}, {"v": sequence}, {}),),
         mod_type="INSERT",
         value_capture_type="NEW_ROW_AND_OLD_VALUES",
@@ -267,3 +269,51 @@ def _data_record(
         transaction_tag="",
         is_system_transaction=False,
     )
+
+
+def mutable_key_range_streams(
+    topology: Topology, rng: random.Random
+) -> dict[str, list[ChangeRecord]]:
+    """The same topology as a ``MUTABLE_KEY_RANGE`` stream serves it: the initial query
+    announces the first partitions in a partition start record; a partition whose key ranges
+    move on sends a move-out event, a partition start record announcing where they go (a merge's
+    two parents announce the same one) and its partition end record, all at its end; each new
+    partition opens with a move-in event; and key ranges move between live partitions at random
+    times too (event records in both)."""
+    streams: dict[str, list[ChangeRecord]] = {}
+    for token, stream in topology.records_by_partition().items():
+        if token == INITIAL_PARTITION:
+            streams[token] = [
+                PartitionStartRecord(topology.start, "00000000", tuple(topology.initial_tokens))
+            ]
+            continue
+        partition = topology.partitions[token]
+        records = [r for r in stream if not isinstance(r, ChildPartitionsRecord)]
+        if partition.start > topology.start:
+            records.insert(0, PartitionEventRecord(partition.start, "00000000", token))
+        last = partition.end if partition.end is not None else topology.end
+        for _ in range(rng.randint(0, 2)):
+            if last - 1 > partition.start:
+                at = rng.randint(partition.start + 1, last - 1)
+                records.append(PartitionEventRecord(at, "00000009", token))
+        if partition.end is not None:
+            children = tuple(child for child, _ in partition.children)
+            records += [
+                PartitionEventRecord(partition.end, "00000010", token),
+                PartitionStartRecord(partition.end, "00000011", children),
+                PartitionEndRecord(partition.end, "00000012", token),
+            ]
+        records.sort(key=lambda r: (record_timestamp(r), _rank(r)))
+        streams[token] = records
+    return streams
+
+
+def _rank(record: ChangeRecord) -> int:
+    """Order at one timestamp: events and data, then heartbeats, then the partition's end."""
+    if isinstance(record, PartitionStartRecord):
+        return 2
+    if isinstance(record, PartitionEndRecord):
+        return 3
+    if isinstance(record, HeartbeatRecord):
+        return 1
+    return 0

@@ -176,7 +176,7 @@ class TestTracker:
         tracker.take_ready(1)
         tracker.mark_running("", 100)
         tracker.on_record("", HeartbeatRecord(150))
-        with pytest.raises(PartitionLifecycleError, match="without a child partitions record"):
+        with pytest.raises(PartitionLifecycleError, match="without its last record"):
             tracker.on_stream_end("")
 
 
@@ -215,10 +215,13 @@ class TestStreamInfo:
         with pytest.raises(ChangeStreamRequestError, match=r"streams: audit, orders"):
             stream_info("missing", "db", rows)
 
-    def test_the_mutable_key_range_partition_mode_is_refused_in_one_line(self) -> None:
+    def test_the_partition_mode_is_read_and_an_unknown_one_refused(self) -> None:
         from ingest.changestream.query import ChangeStreamRequestError, stream_info
 
-        rows = [("orders", "partition_mode", "MUTABLE_KEY_RANGE")]
-        with pytest.raises(ChangeStreamRequestError, match="partition_mode MUTABLE_KEY_RANGE"):
-            stream_info("orders", "db", rows)
-        assert stream_info("orders", "db", [("orders", "partition_mode", "IMMUTABLE_KEY_RANGE")])
+        mutable = [("orders", "partition_mode", "MUTABLE_KEY_RANGE")]
+        assert stream_info("orders", "db", mutable).mutable_key_range
+        immutable = [("orders", "partition_mode", "IMMUTABLE_KEY_RANGE")]
+        assert not stream_info("orders", "db", immutable).mutable_key_range
+        assert not stream_info("orders", "db", [("orders", None, None)]).mutable_key_range
+        with pytest.raises(ChangeStreamRequestError, match="partition_mode SOMETHING_NEW"):
+            stream_info("orders", "db", [("orders", "partition_mode", "SOMETHING_NEW")])

@@ -1,6 +1,6 @@
-"""The raw (``lazy_decode``) GoogleSQL mapper: any record the scripted server encodes comes back
-equal through the client's own StreamedResultSet, whatever the field order; a shape it cannot
-read fails the query with one clear error."""
+"""The raw (``lazy_decode``) mappers: any record the scripted server encodes, in either partition
+mode, comes back equal through the client's own StreamedResultSet; a shape it cannot read fails
+the query with one clear error."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingest.changestream.mapper import UnknownRecordError
+from ingest.changestream.proto_mapper import proto_row_mapper
 from ingest.changestream.raw_mapper import googlesql_raw_row_mapper
 from ingest.model.records import (
     ChangeRecord,
@@ -23,8 +24,18 @@ from ingest.model.records import (
     DataChangeRecord,
     HeartbeatRecord,
     Mod,
+    PartitionEndRecord,
+    PartitionEventRecord,
+    PartitionStartRecord,
 )
-from tests.scripted_spanner import CHANGE_RECORD, STRING, _struct, encode
+from tests.scripted_spanner import (
+    CHANGE_RECORD,
+    MUTABLE_KEY_RANGE_RECORD,
+    STRING,
+    _struct,
+    encode,
+    encode_proto,
+)
 
 timestamps = st.integers(min_value=0, max_value=253_402_300_799_999_999_999)
 texts = st.text(max_size=20)
@@ -66,8 +77,8 @@ data_change_records = st.builds(
     mods=st.lists(st.builds(Mod, json_objects, json_objects, json_objects), max_size=4).map(tuple),
     mod_type=st.sampled_from(["INSERT", "UPDATE", "DELETE"]),
     value_capture_type=st.sampled_from(["OLD_AND_NEW_VALUES", "NEW_ROW", "NEW_VALUES"]),
-    number_of_records_in_transaction=st.integers(1, 2**31),
-    number_of_partitions_in_transaction=st.integers(1, 2**31),
+    number_of_records_in_transaction=st.integers(1, 2**31 - 1),
+    number_of_partitions_in_transaction=st.integers(1, 2**31 - 1),
     transaction_tag=texts,
     is_system_transaction=st.booleans(),
 )
@@ -153,3 +164,64 @@ def test_a_shape_without_a_needed_field_fails_the_query() -> None:
 def test_a_change_record_with_no_record_set_fails() -> None:
     with pytest.raises(UnknownRecordError, match="no record set"):
         through_the_client([[[[], [], []]]])
+
+
+def mutable_key_range_data_records() -> st.SearchStrategy[DataChangeRecord]:
+    """Data change records whose mods name only listed columns, as Spanner sends them."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> DataChangeRecord:
+        names = draw(st.lists(texts, min_size=1, max_size=4, unique=True))
+        types = [
+            draw(column_types.map(lambda c: c[0].type if c else {"code": "INT64"})) for _ in names
+        ]
+        columns = tuple(
+            ColumnType(name, t, i == 0, i + 1)
+            for i, (name, t) in enumerate(zip(names, types, strict=True))
+        )
+        values = st.dictionaries(st.sampled_from(names), json_scalars, max_size=len(names))
+        record = draw(data_change_records)
+        mods = tuple(
+            Mod(draw(values), draw(values), draw(values)) for _ in range(draw(st.integers(0, 3)))
+        )
+        return DataChangeRecord(
+            **{
+                **{f: getattr(record, f) for f in record.__slots__},
+                "column_types": columns,
+                "mods": mods,
+            }
+        )
+
+    return build()
+
+
+mutable_key_range_records = st.one_of(
+    mutable_key_range_data_records(),
+    st.builds(HeartbeatRecord, timestamps),
+    st.builds(PartitionStartRecord, timestamps, texts, st.lists(texts, max_size=3).map(tuple)),
+    st.builds(PartitionEndRecord, timestamps, texts, texts),
+    st.builds(PartitionEventRecord, timestamps, texts, texts),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(mutable_key_range_records, min_size=1, max_size=6))
+def test_every_mutable_key_range_record_comes_back_equal(sent: list[ChangeRecord]) -> None:
+    """The PROTO ChangeStreamRecord of the MUTABLE_KEY_RANGE mode, through the client."""
+    metadata = ResultSetMetadata(
+        row_type=StructType(
+            fields=[StructType.Field(name="ChangeRecord", type_=MUTABLE_KEY_RANGE_RECORD)]
+        )
+    )
+    messages = []
+    for index, record in enumerate(sent):
+        partial = PartialResultSet(resume_token=str(index).encode())
+        partial._pb.values.append(struct_pb2.Value(string_value=encode_proto(record)))
+        if index == 0:
+            partial.metadata = metadata
+        messages.append(partial)
+    results = StreamedResultSet(iter(messages), lazy_decode=True)
+    received: list[ChangeRecord] = []
+    for row in results:
+        received.extend(proto_row_mapper(results.fields)(row))
+    assert received == sent

@@ -25,6 +25,7 @@ from ingest.model.records import (
     ChildPartitionsRecord,
     HeartbeatRecord,
     Transaction,
+    record_timestamp,
 )
 from ingest.model.timestamps import Nanos, to_rfc3339
 from ingest.rules.partitions import INITIAL_PARTITION
@@ -127,20 +128,12 @@ class WindowedSource:
             return
         ended = False
         for record in records_from(self._streams[token or INITIAL_PARTITION], start):
-            if _timestamp(record) > end:
+            if record_timestamp(record) > end:
                 break
             ended = ended or isinstance(record, ChildPartitionsRecord)
             yield record
         if not ended:
             yield HeartbeatRecord(end)
-
-
-def _timestamp(record: ChangeRecord) -> Nanos:
-    if isinstance(record, HeartbeatRecord):
-        return record.timestamp
-    if isinstance(record, ChildPartitionsRecord):
-        return record.start_timestamp
-    return record.commit_timestamp  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -196,7 +189,7 @@ class TakingTurnsSource:
         ended = False
         try:
             for record in records_from(self._streams[name], start):
-                if _timestamp(record) > end:
+                if record_timestamp(record) > end:
                     break
                 time.sleep(self._rng.random() * 0.0005)
                 ended = isinstance(record, ChildPartitionsRecord)

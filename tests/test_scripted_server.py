@@ -23,6 +23,7 @@ from ingest.model.records import (
     ColumnType,
     HeartbeatRecord,
     Mod,
+    PartitionStartRecord,
     Transaction,
 )
 from ingest.model.timestamps import parse_rfc3339
@@ -30,7 +31,7 @@ from ingest.model.values import decode_value
 from ingest.rules.partitions import INITIAL_PARTITION
 from tests.builders import captured_logger, record
 from tests.scripted_spanner import Fault, Script, ScriptedChangeStreamServicer, Stall, start_server
-from tests.simulation import build_topology
+from tests.simulation import build_topology, mutable_key_range_streams
 
 FAST_RETRY = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05)
 
@@ -90,6 +91,24 @@ def test_transactions_spread_over_partitions_are_reassembled(serve, seed: int) -
     assert released == topology.expected()
     spread = [t for t in released if t.records[0].number_of_partitions_in_transaction >= 2]
     assert len(spread) >= 5
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_mutable_key_range_partitions_announce_end_and_move_key_ranges(serve, seed: int) -> None:
+    """The MUTABLE_KEY_RANGE mode: PROTO records, partitions announced by partition start
+    records, ended by partition end records, key ranges moving (event records)."""
+    rng = random.Random(seed)
+    topology = build_topology(rng, events=10, transactions=120)
+    streams = mutable_key_range_streams(topology, rng)
+    _, source = serve(Script(streams, mutable_key_range=True))
+    released, events = read_all(source, topology.start, topology.end)
+    assert released == topology.expected()
+    finished = {e["partition_token"] for e in events if e["event"] == "partition_finished"}
+    assert finished == {*topology.partitions, INITIAL_PARTITION}
+    ended = {t for t, p in topology.partitions.items() if p.end is not None}
+    kinds = {type(r).__name__ for rows in streams.values() for r in rows}
+    assert {"PartitionStartRecord", "PartitionEndRecord", "PartitionEventRecord"} <= kinds
+    assert ended and not [e for e in events if e["event"] == "partition_query_retry"]
 
 
 def test_a_partition_left_hanging_is_restarted_through_the_client_and_nothing_is_lost(
@@ -162,7 +181,8 @@ def test_stream_cut_mid_way_loses_and_duplicates_nothing(
         assert resumed_later, "a retried query must start at the partition's resume timestamp"
 
 
-def test_full_precision_values_pass_through(serve) -> None:
+@pytest.mark.parametrize("mutable_key_range", [False, True])
+def test_full_precision_values_pass_through(serve, mutable_key_range: bool) -> None:
     start = parse_rfc3339("2026-01-01T00:00:00.000000001Z")
     commit = parse_rfc3339("2026-01-01T00:00:00.123456789Z")
     end = commit + 1000
@@ -185,12 +205,15 @@ def test_full_precision_values_pass_through(serve) -> None:
         column_types=columns,
         mods=(Mod({"id": "9223372036854775807"}, values, {}),),
     )
-    streams = {
-        INITIAL_PARTITION: [ChildPartitionsRecord(start, "0", (ChildPartition("p", ()),))],
-        "p": [data],
-    }
-    _, source = serve(Script(streams))
+    announce = (
+        PartitionStartRecord(start, "0", ("p",))
+        if mutable_key_range
+        else ChildPartitionsRecord(start, "0", (ChildPartition("p", ()),))
+    )
+    streams = {INITIAL_PARTITION: [announce], "p": [data]}
+    _, source = serve(Script(streams, mutable_key_range=mutable_key_range))
     [transaction], _ = read_all(source, start, end)
+    assert transaction.records == (data,)
     [mod] = transaction.records[0].mods
     types = {c.name: c.type for c in transaction.records[0].column_types}
     assert transaction.commit_timestamp == commit

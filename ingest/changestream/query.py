@@ -16,7 +16,7 @@ from google.api_core import exceptions as api_exceptions
 from google.cloud.spanner_v1 import param_types
 from google.cloud.spanner_v1.database import Database
 
-from ingest.changestream import mapper, raw_mapper
+from ingest.changestream import mapper, proto_mapper, raw_mapper
 from ingest.model.records import ChangeRecord
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_datetime, to_rfc3339
 
@@ -43,6 +43,8 @@ class ChangeStreamRequestError(ValueError):
 class ChangeStreamInfo:
     name: str
     retention_nanos: Nanos
+    mutable_key_range: bool = False
+    """Created with ``partition_mode = 'MUTABLE_KEY_RANGE'``: rows are PROTO records."""
 
 
 def validate_stream_name(stream: str) -> str:
@@ -142,9 +144,8 @@ def describe_stream(database: Database, stream: str) -> ChangeStreamInfo:
 def stream_info(
     stream: str, database_id: str, rows: list[tuple[str, str | None, str | None]]
 ) -> ChangeStreamInfo:
-    """The stream's retention from its ``information_schema`` options; a stream this reader
-    cannot read (unknown, or in the ``MUTABLE_KEY_RANGE`` partition mode, whose rows are a PROTO
-    ``ChangeRecord``) is a ``ChangeStreamRequestError``."""
+    """The stream's retention and partition mode from its ``information_schema`` options; an
+    unknown stream, or an unknown partition mode, is a ``ChangeStreamRequestError``."""
     options: dict[str, dict[str, str]] = {}
     for name, option, value in rows:
         known = options.setdefault(name, {})
@@ -156,15 +157,17 @@ def stream_info(
             f"change stream {stream!r} does not exist in database {database_id} "
             f"(streams: {known_streams})"
         )
-    mode = options[stream].get("partition_mode", "").upper()
-    if mode == "MUTABLE_KEY_RANGE":
+    mode = options[stream].get("partition_mode", "IMMUTABLE_KEY_RANGE").upper()
+    if mode not in ("IMMUTABLE_KEY_RANGE", "MUTABLE_KEY_RANGE"):
         raise ChangeStreamRequestError(
-            f"change stream {stream!r} uses partition_mode MUTABLE_KEY_RANGE, which this version "
-            "does not read (only the original partition mode)"
+            f"change stream {stream!r} uses partition_mode {mode}, which this version does not "
+            "read (IMMUTABLE_KEY_RANGE and MUTABLE_KEY_RANGE are)"
         )
     retention = options[stream].get("retention_period")
     return ChangeStreamInfo(
-        stream, parse_retention(retention) if retention else DEFAULT_RETENTION_NANOS
+        stream,
+        parse_retention(retention) if retention else DEFAULT_RETENTION_NANOS,
+        mode == "MUTABLE_KEY_RANGE",
     )
 
 
@@ -175,8 +178,11 @@ def statement(
     start: Nanos,
     end: Nanos | None,
     heartbeat_ms: int,
+    mutable_key_range: bool = False,
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """SQL text, parameters and parameter types of one change stream query."""
+    """SQL text, parameters and parameter types of one change stream query. GoogleSQL reads
+    both partition modes with one statement (the column's type tells them apart); PostgreSQL
+    reads ``MUTABLE_KEY_RANGE`` streams through ``read_proto_bytes_<stream>``."""
     validate_stream_name(stream)
     values = [
         to_datetime(start),
@@ -186,7 +192,8 @@ def statement(
     ]
     types = [param_types.TIMESTAMP, param_types.TIMESTAMP, param_types.STRING, param_types.INT64]
     if dialect is Dialect.POSTGRESQL:
-        sql = f"SELECT * FROM spanner.read_json_{stream}($1, $2, $3, $4, null)"
+        function = "read_proto_bytes" if mutable_key_range else "read_json"
+        sql = f"SELECT * FROM spanner.{function}_{stream}($1, $2, $3, $4, null)"
         names = ["p1", "p2", "p3", "p4"]
     else:
         sql = (
@@ -198,10 +205,16 @@ def statement(
     return sql, dict(zip(names, values, strict=True)), dict(zip(names, types, strict=True))
 
 
-def row_mapper(dialect: Dialect, fields: Any) -> Callable[[list[Any]], list[ChangeRecord]]:
+def row_mapper(
+    dialect: Dialect, fields: Any, mutable_key_range: bool
+) -> Callable[[list[Any]], list[ChangeRecord]]:
     """The mapper of raw (``lazy_decode``) rows of the dialect's change stream query."""
     if dialect is Dialect.POSTGRESQL:
+        if mutable_key_range:
+            return proto_mapper.proto_row_mapper(fields)
         return mapper.postgresql_raw_row_mapper(fields)
+    if fields and proto_mapper.is_change_stream_record(fields[0].type_):
+        return proto_mapper.proto_row_mapper(fields)
     return raw_mapper.googlesql_raw_row_mapper(fields)
 
 
@@ -213,6 +226,7 @@ class ChangeStreamQuery:
     stream: str
     dialect: Dialect
     heartbeat_ms: int
+    mutable_key_range: bool = False
 
     def check_readable_from(self, start: Nanos) -> None:
         """Refuse a start the stream cannot be read from (before the stream was created):
@@ -235,12 +249,18 @@ class ChangeStreamQuery:
         self, partition_token: str | None, start: Nanos, end: Nanos | None
     ) -> Iterator[ChangeRecord]:
         sql, params, types = statement(
-            self.stream, self.dialect, partition_token, start, end, self.heartbeat_ms
+            self.stream,
+            self.dialect,
+            partition_token,
+            start,
+            end,
+            self.heartbeat_ms,
+            self.mutable_key_range,
         )
         with self.database.snapshot() as snapshot:
             results = snapshot.execute_sql(sql, params=params, param_types=types, lazy_decode=True)
             to_records = None
             for row in results:
                 if to_records is None:
-                    to_records = row_mapper(self.dialect, results.fields)
+                    to_records = row_mapper(self.dialect, results.fields, self.mutable_key_range)
                 yield from to_records(row)

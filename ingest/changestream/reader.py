@@ -28,10 +28,15 @@ import structlog
 from tenacity import Retrying, retry_if_exception, wait_exponential_jitter
 
 from ingest.changestream.retries import RetryPolicy, StreamEndedEarly, is_transient
-from ingest.model.records import ChangeRecord, ChildPartitionsRecord, HeartbeatRecord
+from ingest.model.records import ChangeRecord, HeartbeatRecord
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 from ingest.rules.coordinator import Coordinator
-from ingest.rules.partitions import INITIAL_PARTITION, resume_timestamp, watermark_after
+from ingest.rules.partitions import (
+    INITIAL_PARTITION,
+    ends_partition,
+    resume_timestamp,
+    watermark_after,
+)
 from ingest.rules.resume import Release, ResumePoint
 
 Logger = structlog.typing.FilteringBoundLogger
@@ -110,7 +115,7 @@ _Event = _QueryStarted | _RecordRead | _StreamEnded | _TurnEnded | _StreamFailed
 
 class _Outcome(enum.Enum):
     FINISHED = "finished"
-    """The partition reported its children, or reached the reader's end timestamp."""
+    """The partition sent its last record, or reached the reader's end timestamp."""
     WINDOW_CLOSED = "window closed"
     """The query reached its end timestamp, the partition living on."""
     HANDED_BACK = "handed back"
@@ -157,7 +162,8 @@ class _Progress:
     """A worker's view of its partition, used to resume after a failure."""
 
     watermark: Nanos
-    saw_child_partitions: bool = False
+    ended: bool = False
+    """Its last record arrived (``partitions.ends_partition``)."""
     failures_without_progress: int = 0
 
 
@@ -461,16 +467,15 @@ class ChangeStreamReader:
                 if self._gate.wait_turn(progress.watermark, self._workers_stop):
                     return _Outcome.HANDED_BACK
                 progress.watermark = max(progress.watermark, watermark_after(record))
-                if isinstance(record, ChildPartitionsRecord):
-                    progress.saw_child_partitions = True
+                progress.ended = progress.ended or ends_partition(token, record)
                 self._events.put(_RecordRead(token, generation, record))
                 if (
-                    not (catching_up or progress.saw_child_partitions)
+                    not (catching_up or progress.ended)
                     and self._turn_wanted.is_set()
                     and progress.watermark > watermark_before
                 ):
                     return _Outcome.HANDED_BACK
-            if progress.saw_child_partitions or end == final or stopped():
+            if progress.ended or end == final or stopped():
                 outcome = _Outcome.FINISHED
             elif end <= self._wall_clock():
                 # A query that closed cleanly at an end timestamp already past delivered every
@@ -483,8 +488,7 @@ class ChangeStreamReader:
                 outcome = _Outcome.WINDOW_CLOSED
             else:
                 raise StreamEndedEarly(
-                    f"partition {token or '(initial)'} closed without a child partitions record "
-                    "or progress"
+                    f"partition {token or '(initial)'} closed without its last record or progress"
                 )
         except BaseException:
             made_progress = progress.watermark > watermark_before

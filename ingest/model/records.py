@@ -65,7 +65,56 @@ class ChildPartitionsRecord:
     child_partitions: tuple[ChildPartition, ...]
 
 
-ChangeRecord = DataChangeRecord | HeartbeatRecord | ChildPartitionsRecord
+@dataclass(frozen=True, slots=True)
+class PartitionStartRecord:
+    """``MUTABLE_KEY_RANGE`` mode: partitions to query from ``start_timestamp``. The partition
+    that returns it lives on (the initial query ends after announcing the first ones)."""
+
+    start_timestamp: Nanos
+    record_sequence: str
+    partition_tokens: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionEndRecord:
+    """``MUTABLE_KEY_RANGE`` mode: the partition's last record; everything it will ever return
+    has a timestamp at or below ``end_timestamp``."""
+
+    end_timestamp: Nanos
+    record_sequence: str
+    partition_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionEventRecord:
+    """``MUTABLE_KEY_RANGE`` mode: key ranges moved into or out of the partition at
+    ``commit_timestamp``. A reader that releases only below one global low watermark orders every
+    key's changes without them; they prove the partition's progress like any record."""
+
+    commit_timestamp: Nanos
+    record_sequence: str
+    partition_token: str
+
+
+ChangeRecord = (
+    DataChangeRecord
+    | HeartbeatRecord
+    | ChildPartitionsRecord
+    | PartitionStartRecord
+    | PartitionEndRecord
+    | PartitionEventRecord
+)
+
+
+def record_timestamp(record: ChangeRecord) -> Nanos:
+    """The timestamp a record is at in its partition's stream."""
+    if isinstance(record, DataChangeRecord | PartitionEventRecord):
+        return record.commit_timestamp
+    if isinstance(record, HeartbeatRecord):
+        return record.timestamp
+    if isinstance(record, PartitionEndRecord):
+        return record.end_timestamp
+    return record.start_timestamp
 
 
 def sequence_key(record_sequence: str) -> tuple[int, str]:

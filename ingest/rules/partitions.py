@@ -14,9 +14,12 @@ import structlog
 from ingest.model.logs import null_logger
 from ingest.model.records import (
     ChangeRecord,
+    ChildPartition,
     ChildPartitionsRecord,
-    DataChangeRecord,
     HeartbeatRecord,
+    PartitionEndRecord,
+    PartitionStartRecord,
+    record_timestamp,
 )
 from ingest.model.timestamps import Nanos, to_rfc3339
 
@@ -66,6 +69,9 @@ class Partition:
     watermark: Nanos = 0
     """Every record with commit timestamp ≤ watermark has been delivered."""
     child_tokens: set[str] = field(default_factory=set)
+    ended: bool = False
+    """Its last record arrived: a child partitions or partition end record, or the initial
+    query's partition start records."""
     reported_by: set[str] = field(default_factory=set)
     """Partitions whose child partitions records named this one (a retried query repeats them)."""
     attempts: int = 0
@@ -85,13 +91,22 @@ def watermark_after(record: ChangeRecord) -> Nanos:
     """The partition watermark a record proves.
 
     Data at T: more records at T may follow (the same or another transaction), so only T - 1 is
-    proven. A heartbeat at T proves T. A child partitions record at S ends the partition at S - 1.
+    proven; so for a partition start or event record. A heartbeat at T proves T, and a partition
+    end record at E (the partition's last) proves E. A child partitions record at S ends the
+    partition at S - 1.
     """
-    if isinstance(record, DataChangeRecord):
-        return record.commit_timestamp - 1
-    if isinstance(record, HeartbeatRecord):
-        return record.timestamp
-    return record.start_timestamp - 1
+    if isinstance(record, HeartbeatRecord | PartitionEndRecord):
+        return record_timestamp(record)
+    return record_timestamp(record) - 1
+
+
+def ends_partition(token: str, record: ChangeRecord) -> bool:
+    """Whether the partition's query ends with this record: a child partitions record, a
+    partition end record, or (``MUTABLE_KEY_RANGE``) the initial query's partition start
+    records."""
+    if isinstance(record, ChildPartitionsRecord | PartitionEndRecord):
+        return True
+    return token == INITIAL_PARTITION and isinstance(record, PartitionStartRecord)
 
 
 class PartitionTracker:
@@ -196,15 +211,24 @@ class PartitionTracker:
         if partition.state is not PartitionState.RUNNING:
             raise PartitionLifecycleError(f"record for partition {token!r} in {partition.state}")
         partition.watermark = max(partition.watermark, watermark_after(record))
+        partition.ended = partition.ended or ends_partition(token, record)
         if isinstance(record, ChildPartitionsRecord):
-            return self._register_children(partition, record)
+            return self._register_children(
+                partition, record.start_timestamp, record.child_partitions
+            )
+        if isinstance(record, PartitionStartRecord):
+            announced = tuple(ChildPartition(t, ()) for t in record.partition_tokens)
+            return self._register_children(partition, record.start_timestamp, announced)
         return []
 
     def _register_children(
-        self, parent: Partition, record: ChildPartitionsRecord
+        self, parent: Partition, start: Nanos, children: tuple[ChildPartition, ...]
     ) -> list[Partition]:
+        """Partitions a child partitions record (or a partition start record: no parents to
+        wait for) starts at ``start``, registered before the low watermark can pass it: the
+        reporting partition's watermark stays below ``start`` until this record."""
         created = []
-        for child in record.child_partitions:
+        for child in children:
             parent.child_tokens.add(child.token)
             parents = frozenset(child.parent_partition_tokens)
             known = self._partitions.get(child.token)
@@ -218,22 +242,22 @@ class PartitionTracker:
                     reported_by=parent.token,
                 )
                 continue
-            partition = self._create(child.token, record.start_timestamp, parents)
+            partition = self._create(child.token, start, parents)
             partition.reported_by.add(parent.token)
             created.append(partition)
         return created
 
     def on_stream_end(self, token: str) -> None:
-        """The partition's query closed cleanly: FINISHED once its children are registered.
+        """The partition's query closed cleanly: FINISHED once its last record arrived.
 
-        A query bounded by an end timestamp closes without children once it delivered
-        everything up to that end; an unbounded one must have reported its children.
+        A query bounded by the reader's end timestamp closes without one once it delivered
+        everything up to that end; an unbounded one must have sent its last record.
         """
         partition = self._get(token)
-        if not partition.child_tokens:
+        if not partition.ended:
             if partition.end_timestamp is None:
                 raise PartitionLifecycleError(
-                    f"partition {token!r} ended without a child partitions record; retry it"
+                    f"partition {token!r} ended without its last record; retry it"
                 )
             partition.watermark = max(partition.watermark, partition.end_timestamp)
         partition.state = PartitionState.FINISHED

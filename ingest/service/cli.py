@@ -148,7 +148,10 @@ def prepare_tail(args: argparse.Namespace) -> TailRequest:
         query_window_s=args.query_window_s,
     )
     return TailRequest(
-        query.ChangeStreamQuery(database, args.stream, dialect, args.heartbeat_ms), config
+        query.ChangeStreamQuery(
+            database, args.stream, dialect, args.heartbeat_ms, info.mutable_key_range
+        ),
+        config,
     )
 
 

@@ -64,7 +64,7 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
     if checkpoint is None:
         start = query.validate_start(config.start_timestamp or now, now, info)
         query.ChangeStreamQuery(
-            database, config.stream, dialect, config.heartbeat_ms
+            database, config.stream, dialect, config.heartbeat_ms, info.mutable_key_range
         ).check_readable_from(start)
         resume = start_point(start)
         snapshot = None
@@ -141,7 +141,9 @@ def _stream(
         start_timestamp=to_rfc3339(start),
     )
     reader = ChangeStreamReader(
-        query.ChangeStreamQuery(database, config.stream, dialect, config.heartbeat_ms),
+        query.ChangeStreamQuery(
+            database, config.stream, dialect, config.heartbeat_ms, info.mutable_key_range
+        ),
         ReaderConfig(
             start_timestamp=start,
             heartbeat_ms=config.heartbeat_ms,
