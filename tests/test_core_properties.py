@@ -18,7 +18,7 @@ from ingest.model.records import ChangeRecord, Transaction
 from ingest.rules.coordinator import Coordinator
 from ingest.rules.partitions import INITIAL_PARTITION
 from ingest.rules.resume import ResumePoint
-from tests.simulation import Topology, build_topology, records_from
+from tests.simulation import Topology, build_topology, mutable_key_range_streams, records_from
 
 
 def deliver_next(
@@ -34,8 +34,16 @@ def deliver_next(
     return True
 
 
-def drive(topology: Topology, data: st.DataObject, with_failures: bool) -> dict:
-    streams = topology.records_by_partition()
+def streams_of(topology: Topology, mutable_key_range: bool) -> dict[str, list[ChangeRecord]]:
+    if mutable_key_range:
+        return mutable_key_range_streams(topology, random.Random(topology.start + topology.end))
+    return topology.records_by_partition()
+
+
+def drive(
+    topology: Topology, data: st.DataObject, with_failures: bool, mutable_key_range: bool = False
+) -> dict:
+    streams = streams_of(topology, mutable_key_range)
     coordinator = Coordinator(topology.start, topology.end)
     tracker = coordinator.tracker
     remaining: dict[str, list[ChangeRecord]] = {}
@@ -124,10 +132,12 @@ def test_each_partition_is_queried_once_and_merges_wait_for_all_parents(
     assert set(result["first_queries"].values()) == {1}
 
 
-def drive_with_crashes(topology: Topology, data: st.DataObject) -> list[Transaction]:
+def drive_with_crashes(
+    topology: Topology, data: st.DataObject, mutable_key_range: bool = False
+) -> list[Transaction]:
     """Like ``drive``, but at random moments all state is lost and restored from the resume
     point of the last release (what the Delta sink stores in each commit)."""
-    streams = topology.records_by_partition()
+    streams = streams_of(topology, mutable_key_range)
     coordinator = Coordinator(topology.start, topology.end)
     landed: list[Transaction] = []
     resume: ResumePoint | None = None
@@ -161,3 +171,22 @@ def test_restart_from_any_resume_point_loses_and_duplicates_nothing(
     topology: Topology, data: st.DataObject
 ) -> None:
     assert drive_with_crashes(topology, data) == topology.expected()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topology=topologies, data=st.data(), with_failures=st.booleans(), crashes=st.booleans())
+def test_mutable_key_range_streams_give_the_serial_commit_order(
+    topology: Topology, data: st.DataObject, with_failures: bool, crashes: bool
+) -> None:
+    """The same topologies served as MUTABLE_KEY_RANGE streams (partition start, end and event
+    records instead of child partitions records), with retries or restarts from any resume
+    point."""
+    if crashes:
+        assert drive_with_crashes(topology, data, mutable_key_range=True) == topology.expected()
+        return
+    result = drive(topology, data, with_failures, mutable_key_range=True)
+    assert result["released"] == topology.expected()
+    assert result["tracker"].all_finished
+    assert set(result["first_queries"]) == {*topology.partitions, INITIAL_PARTITION}
+    for series in (result["raw_watermarks"], result["watermarks"]):
+        assert all(a <= b for a, b in itertools.pairwise(series))
