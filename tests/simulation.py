@@ -132,25 +132,9 @@ def build_topology(
         record_count = rng.randint(1, 4)
         owners = [rng.choice(candidates) for _ in range(record_count)]
         txid = f"tx{number:05d}"
+        partitions_touched = len({o.token for o in owners})
         records = tuple(
-            DataChangeRecord(
-                commit_timestamp=ts,
-                record_sequence=f"{sequence:08d}",
-                server_transaction_id=txid,
-                is_last_record_in_transaction_in_partition=False,
-                table_name="t",
-                column_types=(
-                    ColumnType("k", {"code": "INT64"}, True, 1),
-                    ColumnType("v", {"code": "INT64"}, False, 2),
-                ),
-                mods=(Mod({"k": str(number * 10 + sequence)}, {"v": sequence}, {}),),
-                mod_type="INSERT",
-                value_capture_type="NEW_ROW_AND_OLD_VALUES",
-                number_of_records_in_transaction=record_count,
-                number_of_partitions_in_transaction=len({o.token for o in owners}),
-                transaction_tag="",
-                is_system_transaction=False,
-            )
+            _data_record(ts, txid, number, sequence, record_count, partitions_touched)
             for sequence in range(record_count)
         )
         for sequence, owner in enumerate(owners):

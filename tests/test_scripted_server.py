@@ -10,11 +10,8 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from google.api_core.client_options import ClientOptions
-from google.auth.credentials import AnonymousCredentials
-from google.cloud import spanner
 
-from ingest.changestream.query import ChangeStreamQuery, Dialect
+from ingest.changestream.query import ChangeStreamQuery
 from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
 from ingest.changestream.retries import RetryPolicy
 from ingest.model.records import (
@@ -30,7 +27,14 @@ from ingest.model.timestamps import parse_rfc3339
 from ingest.model.values import decode_value
 from ingest.rules.partitions import INITIAL_PARTITION
 from tests.builders import captured_logger, record
-from tests.scripted_spanner import Fault, Script, ScriptedChangeStreamServicer, Stall, start_server
+from tests.scripted_spanner import (
+    Fault,
+    Script,
+    ScriptedChangeStreamServicer,
+    Stall,
+    scripted_query,
+    start_server,
+)
 from tests.simulation import build_topology, mutable_key_range_streams
 
 FAST_RETRY = RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05)
@@ -44,14 +48,7 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator:
     def start(script: Script) -> tuple[ScriptedChangeStreamServicer, ChangeStreamQuery]:
         server, servicer, port = start_server(script)
         servers.append(server)
-        client = spanner.Client(
-            project="scripted",
-            credentials=AnonymousCredentials(),
-            client_options=ClientOptions(api_endpoint=f"127.0.0.1:{port}"),
-            disable_builtin_metrics=True,
-        )
-        database = client.instance("scripted").database("scripted")
-        return servicer, ChangeStreamQuery(database, "s", Dialect.GOOGLE_STANDARD_SQL, 1000)
+        return servicer, scripted_query(port)
 
     yield start
     for server in servers:
