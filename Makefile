@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv jars test lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency bench-mirror-size clean
+.PHONY: venv jars test lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency bench-mirror-size bench-width clean
 
 venv: $(STAMP)
 
@@ -56,6 +56,11 @@ bench-latency: venv jars
 bench-mirror-size: venv jars
 	$(PY) bench/mirror_merge_scaling.py
 	$(PY) bench/mirror_size_end_to_end.py
+
+bench-width: venv
+	$(PY) bench/decode_speed.py --records 3000 --repeats 5
+	$(PY) bench/ingest_ceiling.py
+	$(PY) bench/wide_reader.py
 
 clean:
 	rm -rf $(VENV) .jars .pytest_cache .hypothesis build *.egg-info
