@@ -5,6 +5,7 @@ variables the code itself defines."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -167,3 +168,51 @@ def test_pipeline_manifests_run_one_job_with_state_on_object_storage() -> None:
     assert set(env) <= KNOWN_VARIABLES and env["PIPELINE_MASTER"] == ""
     assert all(env[o].startswith("gs://") for o in env if o.endswith("_URI") or "ROOT" in o)
     assert application["sparkVersion"].startswith("4.2")
+
+
+def exported_metric_names() -> set[str]:
+    """Every sample name the ingest service's ``/metrics`` can show, from a real render with
+    every source set (a reader that has not run, a landed watermark, a snapshot)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+    from ingest.model.logs import null_logger
+    from ingest.model.snapshot import SnapshotProgress
+    from ingest.service.metrics import IngestMetrics
+
+    metrics = IngestMetrics()
+    metrics.sources.reader = ChangeStreamReader(
+        object(),  # type: ignore[arg-type]
+        ReaderConfig(start_timestamp=1),
+        null_logger(),
+    )
+    metrics.sources.landed_watermark = 1
+    metrics.sources.snapshot = lambda: SnapshotProgress.begin(1, ["t"])
+    metrics.committed([], 1)
+    families = list(text_string_to_metric_families(metrics.render().decode()))
+    samples = {sample.name for family in families for sample in family.samples}
+    # a labelled counter with no sample yet (no retry so far) is still declared
+    counters = {f"{f.name}_total" for f in families if f.type == "counter"}
+    return samples | counters | {family.name for family in families}
+
+
+def promql_metric_names(expression: str) -> set[str]:
+    return set(re.findall(r"\b((?:ingest|pipeline)_[a-z_]+)\b", expression))
+
+
+def test_dashboards_and_alerts_name_only_exported_metrics() -> None:
+    exported = exported_metric_names()
+    assert "ingest_commit_latency_seconds_bucket" in exported
+    monitoring = ROOT / "deploy" / "monitoring"
+    dashboard = json.loads((monitoring / "ingest-dashboard.json").read_text())
+    expressions = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rules = yaml.safe_load((monitoring / "ingest-alerts.yaml").read_text())
+    assert rules["kind"] == "PrometheusRule"
+    expressions += [r["expr"] for g in rules["spec"]["groups"] for r in g["rules"]]
+    named = set().union(*(promql_metric_names(e) for e in expressions))
+    assert named and named <= exported, named - exported
+    assert {"ingest_watermark_lag_seconds", "ingest_partitions"} <= named
+    service, monitor = yaml.safe_load_all((monitoring / "ingest-servicemonitor.yaml").read_text())
+    assert service["metadata"]["annotations"]["prometheus.io/port"] == str(HEALTH_PORT)
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert '"/metrics"' in SERVICE_SOURCE

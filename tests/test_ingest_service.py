@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from emulator.server import free_port
 from ingest.service.health import HealthServer
@@ -83,6 +84,35 @@ def test_readiness_fails_once_a_stuck_partition_restarts_without_moving() -> Non
         health.close()
 
 
+def scrape_and_check(port: int, table: Path) -> dict[str, float]:
+    """Scrape ``/metrics``, parse it with prometheus_client's parser, and check it against the
+    change log read just after: the landed low watermark is a committed W, and no more
+    transactions are counted than the change log holds."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    samples = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if not sample.labels
+    }
+    versions = [v for v in read_versions(table) if v.checkpoint]
+    watermarks = {v.checkpoint.resume_point.low_watermark / 1_000_000_000 for v in versions}
+    assert samples["ingest_low_watermark_seconds"] in watermarks
+    transactions = {
+        (r["commit_timestamp"], r["server_transaction_id"]) for v in versions for r in v.rows
+    }
+    assert 0 < samples["ingest_transactions_landed_total"] <= len(transactions)
+    assert samples["ingest_delta_commits_total"] >= 1
+    assert (
+        samples["ingest_commit_latency_seconds_count"]
+        == samples["ingest_transactions_landed_total"]
+    )
+    assert samples["ingest_watermark_lag_seconds"] >= 0
+    return samples
+
+
 @pytest.mark.emulator
 def test_sigterm_under_load_exits_cleanly_and_restart_loses_nothing(
     new_database, tmp_path: Path
@@ -103,7 +133,12 @@ def test_sigterm_under_load_exits_cleanly_and_restart_loses_nothing(
     for path in ("/healthz", "/readyz"):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
             assert response.status == 200, path
-    time.sleep(3)
+    first = scrape_and_check(port, table)
+    service.wait_for("delta_commit", service.count("delta_commit") + 3)
+    second = scrape_and_check(port, table)
+    assert second["ingest_transactions_landed_total"] > first["ingest_transactions_landed_total"]
+    assert second["ingest_low_watermark_seconds"] > first["ingest_low_watermark_seconds"]
+    assert second["ingest_records_read_total"] > first["ingest_records_read_total"]
     began = time.monotonic()
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=10) == 0
@@ -157,6 +192,56 @@ def test_second_process_for_the_same_job_stands_by(new_database, tmp_path: Path)
         primary.kill()
         standby.kill()
     assert_change_log_invariants(table, committed)
+
+
+@pytest.mark.emulator
+def test_a_clean_stop_hands_over_at_once_and_a_kill_does_not(new_database, tmp_path: Path) -> None:
+    """SIGTERM: the writer's last commit releases its lease, and the next process commits within
+    seconds although the lease is 60 s. kill -9: the lease stays held and the next one waits."""
+    database = new_database("googlesql")
+    table = tmp_path / "changelog"
+    start = start_after_setup()
+
+    def service(name: str) -> Service:
+        log = tmp_path / f"{name}.log"
+        return Service(database.database_id, table, log, start, INGEST_LEASE_S="60")
+
+    thread, _, _ = background_workload(database, seconds=20, rate=20, seed=21)
+    first, second, third = service("first"), service("second"), service("third")
+    processes = [first.start()]
+    try:
+        first.wait_for("delta_commit", 2, process=processes[0])
+        processes[0].send_signal(signal.SIGTERM)
+        assert processes[0].wait(timeout=30) == 0
+        first.wait_for("writer_lease_released", 1)
+        processes.append(second.start())
+        second.wait_for("delta_commit", 1, timeout=45, process=processes[1])
+        second.wait_for("writer_lease_released_by_previous_owner", 1)
+        processes[1].kill()
+        processes[1].wait()
+        processes.append(third.start())
+        third.wait_for("standby_waiting_for_lease", 1, process=processes[2])
+        processes[2].send_signal(signal.SIGTERM)
+        assert processes[2].wait(timeout=30) == 0
+    finally:
+        for process in processes:
+            process.kill()
+        thread.join()
+    versions = [v for v in read_versions(table) if v.checkpoint]
+    owner = {
+        name: next(e["owner"] for e in s.events() if e["event"] == "ingest_started")
+        for name, s in (("first", first), ("second", second))
+    }
+    by_first = [v.checkpoint for v in versions if v.checkpoint.owner == owner["first"]]
+    by_second = [v.checkpoint for v in versions if v.checkpoint.owner == owner["second"]]
+    assert {v.checkpoint.owner for v in versions} == set(owner.values())
+    assert by_first[-1].lease_released and not any(c.lease_released for c in by_first[:-1])
+    assert not any(c.lease_released for c in by_second)
+    handover_s = (by_second[0].committed_at - by_first[-1].committed_at) / 1e9
+    assert handover_s < 30, f"the next writer waited {handover_s:.1f} s (lease 60 s)"
+    assert [c.version for c in (*by_first, *by_second)] == list(
+        range(by_first[0].version, by_second[-1].version + 1)
+    )
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ advances, at the cost of one round of turns in latency.
 
 from __future__ import annotations
 
+import collections
 import enum
 import heapq
 import queue
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
-from tenacity import Retrying, retry_if_exception, wait_exponential_jitter
+from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential_jitter
 
 from ingest.changestream.retries import RetryPolicy, StreamEndedEarly, is_transient
 from ingest.model.records import ChangeRecord, HeartbeatRecord
@@ -195,6 +196,9 @@ class ChangeStreamReader:
         self.assembler = self.coordinator.assembler
         self._records_read = 0
         self._turns_started = 0
+        self._retries: collections.Counter[str] = collections.Counter()
+        self._retries_lock = threading.Lock()
+        self._stuck_restarts_total = 0
         self._monotonic = monotonic
         self._generations: dict[str, int] = {}
         """The worker generation each running partition's events must carry; a restarted
@@ -296,6 +300,7 @@ class ChangeStreamReader:
         for token, seconds in silent.items():
             partition = self.tracker.partition(token)
             restarts = self._stuck_restarts[token] = self._stuck_restarts.get(token, 0) + 1
+            self._stuck_restarts_total += 1
             self._log.warning(
                 "partition_stuck",
                 partition_token=token,
@@ -309,6 +314,43 @@ class ChangeStreamReader:
             self._generations[token] += 1
             self._moved_at[token] = now
             self._start_worker(token, partition.start_timestamp, partition.watermark)
+
+    def _retried(self, token: str, state: RetryCallState, start: Nanos, watermark: Nanos) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        with self._retries_lock:
+            self._retries[type(error).__name__] += 1
+        self._log.warning(
+            "partition_query_retry",
+            partition_token=token,
+            attempt=state.attempt_number,
+            cause=repr(error),
+            resume_timestamp=to_rfc3339(resume_timestamp(start, watermark)),
+        )
+
+    def retries_by_cause(self) -> dict[str, int]:
+        """Partition queries retried, by exception type (read from other threads: a copy)."""
+        with self._retries_lock:
+            return dict(self._retries)
+
+    @property
+    def records_read(self) -> int:
+        return self._records_read
+
+    @property
+    def partitions_in_turn(self) -> int:
+        return len(self._in_turn)
+
+    @property
+    def partitions_waiting_for_turn(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def stuck_partitions(self) -> int:
+        return len(self._stuck_restarts)
+
+    @property
+    def stuck_restarts_total(self) -> int:
+        return self._stuck_restarts_total
 
     @property
     def stuck_restarts(self) -> int:
@@ -408,13 +450,7 @@ class ChangeStreamReader:
                 multiplier=policy.initial_backoff_s, max=policy.max_backoff_s
             ),
             stop=lambda _: progress.failures_without_progress >= policy.max_failures or stopped(),
-            before_sleep=lambda state: self._log.warning(
-                "partition_query_retry",
-                partition_token=token,
-                attempt=state.attempt_number,
-                cause=repr(state.outcome.exception()) if state.outcome else None,
-                resume_timestamp=to_rfc3339(resume_timestamp(start, progress.watermark)),
-            ),
+            before_sleep=lambda state: self._retried(token, state, start, progress.watermark),
             sleep=self._sleep,
             reraise=True,
         )
@@ -477,10 +513,13 @@ class ChangeStreamReader:
                     return _Outcome.HANDED_BACK
             if progress.ended or end == final or stopped():
                 outcome = _Outcome.FINISHED
-            elif end <= self._wall_clock():
-                # A query that closed cleanly at an end timestamp already past delivered every
-                # record up to it (as a reader's end timestamp does): that end is proven, as by
-                # a heartbeat at it. A catching-up query often returns no record at all.
+            elif catching_up and end <= self._wall_clock():
+                # A catching-up query (its end the present when it started) that closed cleanly
+                # delivered every record up to its end, as a reader's end timestamp does: that
+                # end is proven, as by a heartbeat at it; such a query often returns no record
+                # at all. A tailing window proves only what its records prove, the
+                # conservative rule (emulator/NOTES.md: windows proven by their end coincided
+                # with lost transactions there).
                 progress.watermark = max(progress.watermark, end)
                 self._events.put(_RecordRead(token, generation, HeartbeatRecord(end)))
                 outcome = _Outcome.WINDOW_CLOSED

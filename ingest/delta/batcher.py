@@ -56,6 +56,8 @@ class Batcher:
     watched_columns: Callable[[Nanos], WatchedColumns] | None = None
     watched_interval_s: float = 10.0
     riders: Riders | None = None
+    on_commit: Callable[[list[Transaction], Nanos], None] | None = None
+    """Told of each commit's transactions and low watermark (the service's metrics)."""
     watched_landed: WatchedColumns = field(default_factory=dict)
     watched_read_at: float | None = None
     pending: list[Transaction] = field(default_factory=list)
@@ -119,6 +121,8 @@ class Batcher:
         result = self.sink.commit(self.pending, point, watched, snapshot=chunks)
         if self.riders is not None:
             self.riders.after_commit()
+        if self.on_commit is not None:
+            self.on_commit(self.pending, point.low_watermark)
         self.watched_landed.update(watched or {})
         lag_nanos = self.wall_clock() - point.low_watermark
         self.log.info(

@@ -202,6 +202,8 @@ class Checkpoint:
     table_snapshot: SnapshotProgress | None = None
     """An on-demand snapshot of some tables at T1, carried by every commit from the one that
     records the request to the one that completes it."""
+    lease_released: bool = False
+    """The writer's last commit before a clean stop: the next process takes over at once."""
 
     @property
     def consistent(self) -> bool:
@@ -243,6 +245,7 @@ def to_json(checkpoint: Checkpoint) -> str:
                 if checkpoint.table_snapshot is not None
                 else {}
             ),
+            **({"lease_released": True} if checkpoint.lease_released else {}),
         },
         sort_keys=True,
         separators=(",", ":"),
@@ -273,6 +276,7 @@ def from_json(text: str) -> Checkpoint:
         table_snapshot=(
             _snapshot_from_json(data["table_snapshot"]) if "table_snapshot" in data else None
         ),
+        lease_released=bool(data.get("lease_released", False)),
     )
 
 

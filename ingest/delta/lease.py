@@ -18,7 +18,8 @@ Logger = structlog.typing.FilteringBoundLogger
 def wait_for_lease(
     sink: DeltaChangeLogSink, owner: str, lease_s: float, log: Logger, stop: threading.Event
 ) -> Checkpoint | None:
-    """Stand by while another process committed for this job within the lease period.
+    """Stand by while another process committed for this job within the lease period, unless
+    its last commit released the lease (a clean stop).
 
     A live writer commits at least every checkpoint interval (at most half the lease), so a
     lease that has run out means the writer is gone. If it was only slow, its next commit is
@@ -28,6 +29,9 @@ def wait_for_lease(
     while not stop.is_set():
         checkpoint = sink.latest_checkpoint()
         if checkpoint is None or checkpoint.owner == owner:
+            return checkpoint
+        if checkpoint.lease_released:
+            log.info("writer_lease_released_by_previous_owner", previous_owner=checkpoint.owner)
             return checkpoint
         age = (time.time_ns() - checkpoint.committed_at) / NANOS_PER_SECOND
         if age >= lease_s:

@@ -80,6 +80,8 @@ class DeltaChangeLogSink:
         self._job_start: Nanos | None = None
         self._snapshot: SnapshotProgress | None = None
         self._table_snapshot: SnapshotProgress | None = None
+        self._resume_point: ResumePoint | None = None
+        """The resume point of this process's newest commit."""
 
     @property
     def job_id(self) -> str:
@@ -125,6 +127,11 @@ class DeltaChangeLogSink:
         self._table_snapshot = checkpoint.table_snapshot if checkpoint else None
 
     @property
+    def snapshot(self) -> SnapshotProgress | None:
+        """The initial snapshot's progress the commits carry."""
+        return self._snapshot
+
+    @property
     def table_snapshot(self) -> SnapshotProgress | None:
         return self._table_snapshot
 
@@ -156,6 +163,7 @@ class DeltaChangeLogSink:
         resume_point: ResumePoint,
         watched: Mapping[str, tuple[ColumnType, ...]] | None = None,
         snapshot: Sequence[SnapshotChunk] = (),
+        lease_released: bool = False,
     ) -> CommitResult:
         """Land whole transactions up to the resume point's low watermark, and schema rows of
         the tables whose ``watched`` columns (read at that watermark) changed."""
@@ -169,6 +177,7 @@ class DeltaChangeLogSink:
             self._job_start,
             self._snapshot,
             self._table_snapshot,
+            lease_released,
         )
         reading = self._table_snapshot or self._snapshot
         snapshot_at = reading.read_timestamp if reading is not None else 0
@@ -191,11 +200,20 @@ class DeltaChangeLogSink:
             with attempt:
                 replayed = self._write_once(version, rows, checkpoint)
         self._next_version = version + 1
+        self._resume_point = resume_point
         table = self.table()
         delta_version = table.version() if table is not None else None
         if table is not None and not replayed:
             self._maintain(table)
         return CommitResult(version, delta_version, rows.num_rows, len(transactions), replayed)
+
+    def release_lease(self) -> CommitResult | None:
+        """A clean stop's last commit: no rows, the newest checkpoint again, marked released, so
+        the next process writes at once instead of waiting out the lease. Fencing is unchanged:
+        a writer still commits version n only at n - 1. None when this process holds nothing."""
+        if self._resume_point is None:
+            return None
+        return self.commit([], self._resume_point, lease_released=True)
 
     def _write_once(self, version: int, rows: pa.Table, checkpoint: Checkpoint) -> bool:
         """Write version n once; True when it had landed already (a retried commit)."""

@@ -295,6 +295,11 @@ class PartitionTracker:
         return min(p.watermark for p in self._partitions.values())
 
     @property
+    def live_count(self) -> int:
+        """Partitions not finished (read by the metrics thread: one atomic ``len``)."""
+        return len(self._partitions)
+
+    @property
     def all_finished(self) -> bool:
         return not self._partitions
 

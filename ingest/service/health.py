@@ -1,5 +1,5 @@
-"""The service's health endpoints, for container probes, and the one control request it takes:
-``POST /snapshot?table=…`` (an on-demand table snapshot)."""
+"""The service's health endpoints, for container probes, its Prometheus ``/metrics``, and the one
+control request it takes: ``POST /snapshot?table=…`` (an on-demand table snapshot)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
 SnapshotRequests = Callable[[list[str]], tuple[int, dict[str, object]]]
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Committer(Protocol):
@@ -48,12 +49,21 @@ class HealthServer:
         self.snapshot_requests: SnapshotRequests | None = None
         self.stuck_restarts: Callable[[], int] = lambda: 0
         """Restarts in a row of the reader's most stuck partition that did not move it on."""
+        self.metrics: Callable[[], bytes] | None = None
+        """The Prometheus exposition of the service's metrics (``/metrics``)."""
         self._readiness_s = readiness_s
         self._max_stuck_restarts = max_stuck_restarts
         health = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                if self.path.startswith("/metrics") and health.metrics is not None:
+                    payload = health.metrics()
+                    self.send_response(200)
+                    self.send_header("Content-Type", METRICS_CONTENT_TYPE)
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
                 ok, body = health.check(self.path)
                 self._send(200 if ok else 503, body)
 

@@ -34,6 +34,7 @@ from ingest.model.timestamps import to_rfc3339
 from ingest.rules.resume import ResumePoint, start_point
 from ingest.service.config import ServiceConfig
 from ingest.service.health import Commits, HealthServer
+from ingest.service.metrics import IngestMetrics
 from ingest.service.snapshot import SnapshotSettings, check_reachable, run_snapshot
 from ingest.service.table_snapshot import TableSnapshots
 from ingest.snapshot.reader import read_table
@@ -90,6 +91,9 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
             )
         resume = checkpoint.resume_point
     snapshot_commits = Commits()
+    metrics = IngestMetrics()
+    metrics.sources.landed_watermark = resume.low_watermark
+    metrics.sources.snapshot = lambda: sink.table_snapshot or sink.snapshot
     health = (
         HealthServer(
             config.health_port, config.readiness_s, snapshot_commits, config.max_stuck_restarts
@@ -97,6 +101,8 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
         if config.health_port
         else None
     )
+    if health is not None:
+        health.metrics = metrics.render
     try:
         if snapshot is not None and not snapshot.complete:
             snapshot = _snapshot(
@@ -104,18 +110,39 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
             )
             if not snapshot.complete:
                 log.info("ingest_stopped", reason="stopped during the snapshot")
-                return 0
+                return _release_lease(sink, log)
         if mode is SnapshotMode.INITIAL_ONLY:
             log.info(
                 "ingest_stopped", reason="snapshot_mode initial_only: the snapshot is complete"
             )
-            return 0
-        return _stream(
-            database, config, dialect, info, sink, checkpoint, snapshot, resume, log, stop, health
+            return _release_lease(sink, log)
+        _stream(
+            database,
+            config,
+            dialect,
+            info,
+            sink,
+            checkpoint,
+            snapshot,
+            resume,
+            log,
+            stop,
+            health,
+            metrics,
         )
+        return _release_lease(sink, log)
     finally:
         if health is not None:
             health.close()
+
+
+def _release_lease(sink: DeltaChangeLogSink, log: Logger) -> int:
+    """A clean stop hands the job over at once: its last commit releases the writer lease. A
+    process that crashes or is killed never gets here, and its lease runs out as before."""
+    result = sink.release_lease()
+    if result is not None:
+        log.info("writer_lease_released", version=result.version)
+    return 0
 
 
 def _stream(
@@ -130,7 +157,8 @@ def _stream(
     log: Logger,
     stop: threading.Event,
     health: HealthServer | None,
-) -> int:
+    metrics: IngestMetrics,
+) -> None:
     """Read the change stream from the resume point until stopped."""
     start = query.validate_start(resume.low_watermark + 1, time.time_ns(), info)
     log.info(
@@ -178,7 +206,9 @@ def _stream(
         watched_columns=watched_columns,
         watched_interval_s=config.watched_columns_interval_s,
         riders=table_snapshots,
+        on_commit=metrics.committed,
     )
+    metrics.sources.reader = reader
     if checkpoint is None and snapshot is None:
         batcher.landed(resume.low_watermark)
     if health is not None:
@@ -202,7 +232,6 @@ def _stream(
         commits=batcher.commits,
         duplicates_dropped=reader.assembler.stats.duplicates_dropped,
     )
-    return 0
 
 
 def _snapshot(
