@@ -436,6 +436,16 @@ class ChangeStreamReader:
 
     # -- workers ---------------------------------------------------------------------------
 
+    def _emit(self, event: _Event) -> None:
+        """Queue an event for the coordinator; give up once the reader stopped, so no worker is
+        left blocked on a full queue nobody drains."""
+        while not self._workers_stop.is_set():
+            try:
+                self._events.put(event, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
     def _read_partition(self, token: str, start: Nanos, watermark: Nanos, generation: int) -> None:
         """One turn: query the partition until it finishes, or until its turn is wanted."""
         progress = _Progress(watermark=watermark)
@@ -465,14 +475,14 @@ class ChangeStreamReader:
                         outcome = self._query_once(token, generation, start, progress, stopped)
         except BaseException as error:
             if not stopped():
-                self._events.put(_StreamFailed(token, generation, error))
+                self._emit(_StreamFailed(token, generation, error))
             return
         if stopped():
             return
         if outcome is _Outcome.FINISHED:
-            self._events.put(_StreamEnded(token, generation))
+            self._emit(_StreamEnded(token, generation))
         else:
-            self._events.put(_TurnEnded(token, generation))
+            self._emit(_TurnEnded(token, generation))
 
     def _query_once(
         self,
@@ -486,7 +496,7 @@ class ChangeStreamReader:
         now, else it tails for a window; either way it may hand the turn back mid-stream."""
         query_start = resume_timestamp(start, progress.watermark)
         watermark_before = progress.watermark
-        self._events.put(_QueryStarted(token, generation, query_start))
+        self._emit(_QueryStarted(token, generation, query_start))
         catching_up = self._turn_wanted.is_set()
         now = self._wall_clock()
         window = 0 if catching_up else int(self._config.query_window_s * NANOS_PER_SECOND)
@@ -504,7 +514,7 @@ class ChangeStreamReader:
                     return _Outcome.HANDED_BACK
                 progress.watermark = max(progress.watermark, watermark_after(record))
                 progress.ended = progress.ended or ends_partition(token, record)
-                self._events.put(_RecordRead(token, generation, record))
+                self._emit(_RecordRead(token, generation, record))
                 if (
                     not (catching_up or progress.ended)
                     and self._turn_wanted.is_set()
@@ -521,7 +531,7 @@ class ChangeStreamReader:
                 # conservative rule (emulator/NOTES.md: windows proven by their end coincided
                 # with lost transactions there).
                 progress.watermark = max(progress.watermark, end)
-                self._events.put(_RecordRead(token, generation, HeartbeatRecord(end)))
+                self._emit(_RecordRead(token, generation, HeartbeatRecord(end)))
                 outcome = _Outcome.WINDOW_CLOSED
             elif progress.watermark > watermark_before:
                 outcome = _Outcome.WINDOW_CLOSED
