@@ -37,9 +37,11 @@ class Process:
             )
 
     def events(self) -> list[dict[str, Any]]:
+        """The complete lines logged so far: a line the process is still writing (no newline
+        yet) is left for the next read."""
         if not self.log.exists():
             return []
-        lines = self.log.read_text(errors="replace").splitlines()
+        lines = self.log.read_text(errors="replace").split("\n")[:-1]
         return [json.loads(line) for line in lines if line.startswith('{"')]
 
     def count(self, event: str) -> int:

@@ -33,15 +33,18 @@ def test_kill_9_at_random_moments_keeps_every_invariant(new_database, tmp_path: 
     while kills < 10 or thread.is_alive():
         commits = service.count("delta_commit")
         process = service.start()
-        if kills % 2 == 0:
-            # Every other process is killed after landing something of its own, so the test does
-            # not depend on how fast a loaded machine starts processes; the others at any moment.
-            service.wait_for("delta_commit", commits + 1, timeout=120, process=process)
-            time.sleep(rng.uniform(0, 2.0))
-        else:
-            time.sleep(rng.uniform(0.5, 5.0))
-        process.kill()
-        process.wait()
+        try:
+            if kills % 2 == 0:
+                # Every other process is killed after landing something of its own, so the test
+                # does not depend on how fast a loaded machine starts processes; the others at
+                # any moment.
+                service.wait_for("delta_commit", commits + 1, timeout=120, process=process)
+                time.sleep(rng.uniform(0, 2.0))
+            else:
+                time.sleep(rng.uniform(0.5, 5.0))
+        finally:
+            process.kill()
+            process.wait()
         kills += 1
     thread.join()
     started = sum(e["event"] == "ingest_started" for e in service.events())
