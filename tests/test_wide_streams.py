@@ -141,7 +141,10 @@ def test_two_thousand_partitions_split_and_merge_and_lose_nothing(
 
     expected = topology.expected()
     assert landed + second == expected
-    assert 0 < len(landed) < len(expected)
+    # Usually a release passes the random point mid-run; on a loaded machine the low watermark
+    # can move in one late jump (a round of 2,000 turns, or the watchdog freeing a stalled
+    # stream), and then the restart is from the end and must add nothing (checked above).
+    assert landed
     assert len(checkpoint.partitions.partitions) >= PARTITIONS // 2
     assert not servicer.queried_before_parents
     merged = [t for t, parents in script.parents.items() if len(parents) > 1]
