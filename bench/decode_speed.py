@@ -23,13 +23,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from google.cloud.spanner_v1 import PartialResultSet, ResultSetMetadata, StructType, TypeCode
+from google.cloud.spanner_v1 import PartialResultSet, TypeCode
 from google.cloud.spanner_v1.streamed import StreamedResultSet
-from google.protobuf import json_format, struct_pb2
 
 from ingest.changestream import mapper, raw_mapper
 from ingest.model.records import ChangeRecord, ColumnType, DataChangeRecord, Mod
-from tests.scripted_spanner import CHANGE_RECORD, encode
+from tests.scripted_spanner import result_messages, row_value
 
 COLUMN_TYPES = [
     {"code": "INT64"},
@@ -85,20 +84,6 @@ def production_record(number: int, columns: int) -> DataChangeRecord:
     )
 
 
-def partials(records: list[ChangeRecord]) -> list[PartialResultSet]:
-    metadata = ResultSetMetadata(
-        row_type=StructType(fields=[StructType.Field(name="ChangeRecord", type_=CHANGE_RECORD)])
-    )
-    out = []
-    for index, record in enumerate(records):
-        partial = PartialResultSet(resume_token=str(index).encode())
-        partial._pb.values.append(json_format.ParseDict(encode(record), struct_pb2.Value()))
-        if index == 0:
-            partial.metadata = metadata
-        out.append(partial)
-    return out
-
-
 def struct_namer(field_type: Any) -> Callable[[Any], Any]:
     """The reader's mapper before ``lazy_decode``: names the client's decoded lists."""
     if field_type.code == TypeCode.ARRAY:
@@ -137,7 +122,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     records: list[ChangeRecord] = [production_record(n, args.columns) for n in range(args.records)]
-    messages = partials(records)
+    messages = result_messages([row_value(record) for record in records])
     assert decode(messages, lazy=True) == decode(messages, lazy=False) == records
     print(f"# {platform.node()} {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"# {args.records} data change records of 10 mods over {args.columns} columns")

@@ -238,6 +238,34 @@ def encode_proto(record: ChangeRecord) -> str:
     return base64.b64encode(message.SerializeToString()).decode()
 
 
+def row_value(record: ChangeRecord, mutable_key_range: bool = False) -> struct_pb2.Value:
+    """One row's ``ChangeRecord`` value as the server sends it, in either partition mode."""
+    if mutable_key_range:
+        return struct_pb2.Value(string_value=encode_proto(record))
+    return json_format.ParseDict(encode(record), struct_pb2.Value())
+
+
+def change_record_metadata(column: Type = CHANGE_RECORD) -> ResultSetMetadata:
+    return ResultSetMetadata(
+        row_type=StructType(fields=[StructType.Field(name="ChangeRecord", type_=column)])
+    )
+
+
+def result_messages(
+    values: list[struct_pb2.Value], column: Type = CHANGE_RECORD
+) -> list[PartialResultSet]:
+    """Rows as a stream carries them to the client: one PartialResultSet each, with a resume
+    token, the first with the metadata (to feed the client's own StreamedResultSet)."""
+    messages = []
+    for index, value in enumerate(values):
+        partial = PartialResultSet(resume_token=str(index).encode())
+        partial._pb.values.append(value)
+        if index == 0:
+            partial.metadata = change_record_metadata(column)
+        messages.append(partial)
+    return messages
+
+
 @dataclass
 class Fault:
     """Abort the partition's stream with ``code`` after ``after_rows`` rows, ``times`` times."""
@@ -339,14 +367,10 @@ class ScriptedChangeStreamServicer(SpannerServicer):
 
     def _metadata(self) -> ResultSetMetadata:
         column = MUTABLE_KEY_RANGE_RECORD if self.script.mutable_key_range else CHANGE_RECORD
-        return ResultSetMetadata(
-            row_type=StructType(fields=[StructType.Field(name="ChangeRecord", type_=column)])
-        )
+        return change_record_metadata(column)
 
     def _row(self, record: ChangeRecord) -> struct_pb2.Value:
-        if self.script.mutable_key_range:
-            return struct_pb2.Value(string_value=encode_proto(record))
-        return json_format.ParseDict(encode(record), struct_pb2.Value())
+        return row_value(record, self.script.mutable_key_range)
 
     def _serve_live(
         self,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from google.cloud.spanner_v1 import PartialResultSet, ResultSetMetadata, StructType, Type
+from google.cloud.spanner_v1 import Type
 from google.cloud.spanner_v1.streamed import StreamedResultSet
 from google.protobuf import json_format, struct_pb2
 from hypothesis import given, settings
@@ -34,7 +34,8 @@ from tests.scripted_spanner import (
     STRING,
     _struct,
     encode,
-    encode_proto,
+    result_messages,
+    row_value,
 )
 
 timestamps = st.integers(min_value=0, max_value=253_402_300_799_999_999_999)
@@ -102,17 +103,8 @@ records = st.one_of(
 
 
 def through_the_client(rows: list[list[Any]], row_type: Type = CHANGE_RECORD) -> list:
-    metadata = ResultSetMetadata(
-        row_type=StructType(fields=[StructType.Field(name="ChangeRecord", type_=row_type)])
-    )
-    messages = []
-    for index, row in enumerate(rows):
-        partial = PartialResultSet(resume_token=str(index).encode())
-        partial._pb.values.append(json_format.ParseDict(row, struct_pb2.Value()))
-        if index == 0:
-            partial.metadata = metadata
-        messages.append(partial)
-    results = StreamedResultSet(iter(messages), lazy_decode=True)
+    values = [json_format.ParseDict(row, struct_pb2.Value()) for row in rows]
+    results = StreamedResultSet(iter(result_messages(values, row_type)), lazy_decode=True)
     out: list[ChangeRecord] = []
     to_records = None
     for row in results:
@@ -208,18 +200,8 @@ mutable_key_range_records = st.one_of(
 @given(st.lists(mutable_key_range_records, min_size=1, max_size=6))
 def test_every_mutable_key_range_record_comes_back_equal(sent: list[ChangeRecord]) -> None:
     """The PROTO ChangeStreamRecord of the MUTABLE_KEY_RANGE mode, through the client."""
-    metadata = ResultSetMetadata(
-        row_type=StructType(
-            fields=[StructType.Field(name="ChangeRecord", type_=MUTABLE_KEY_RANGE_RECORD)]
-        )
-    )
-    messages = []
-    for index, record in enumerate(sent):
-        partial = PartialResultSet(resume_token=str(index).encode())
-        partial._pb.values.append(struct_pb2.Value(string_value=encode_proto(record)))
-        if index == 0:
-            partial.metadata = metadata
-        messages.append(partial)
+    values = [row_value(record, mutable_key_range=True) for record in sent]
+    messages = result_messages(values, MUTABLE_KEY_RANGE_RECORD)
     results = StreamedResultSet(iter(messages), lazy_decode=True)
     received: list[ChangeRecord] = []
     for row in results:

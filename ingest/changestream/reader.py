@@ -253,24 +253,28 @@ class ChangeStreamReader:
         limit: Nanos | None = None
         if self.assembler.buffered_bytes > self._config.memory_budget_bytes:
             limit = self.coordinator.low_watermark()
-        while self._waiting and free > 0 and (limit is None or self._waiting[0][0] <= limit):
+
+        def one_is_due() -> bool:
+            return bool(self._waiting) and (limit is None or self._waiting[0][0] <= limit)
+
+        while free > 0 and one_is_due():
             _, token = heapq.heappop(self._waiting)
             partition = self.tracker.partition(token)
             self._in_turn.add(token)
             self._turns_started += 1
             free -= 1
             self._start_worker(token, partition.start_timestamp, partition.watermark)
-        wanted = bool(self._waiting) and (limit is None or self._waiting[0][0] <= limit)
-        if wanted:
+        if one_is_due():
             self._turn_wanted.set()
         else:
             self._turn_wanted.clear()
-        cycling = len(self._in_turn) + len(self._waiting) > self._config.max_concurrent_partitions
+        live = len(self._in_turn) + len(self._waiting)
+        cycling = live > self._config.max_concurrent_partitions
         if cycling != self._cycling:
             self._log.info(
                 "partition_turns_cycling" if cycling else "partition_turns_steady",
                 max_concurrent_partitions=self._config.max_concurrent_partitions,
-                live_partitions=len(self._in_turn) + len(self._waiting),
+                live_partitions=live,
             )
             self._cycling = cycling
 
@@ -425,12 +429,12 @@ class ChangeStreamReader:
             watermark_lag_seconds=round((self._wall_clock() - low_watermark) / NANOS_PER_SECOND, 3),
             open_transactions=self.assembler.open_transactions,
             buffered_bytes=self.assembler.buffered_bytes,
-            active_partitions=len(self.tracker.unfinished()),
-            partitions_in_turn=len(self._in_turn),
-            partitions_waiting_for_turn=len(self._waiting),
+            active_partitions=self.tracker.live_count,
+            partitions_in_turn=self.partitions_in_turn,
+            partitions_waiting_for_turn=self.partitions_waiting_for_turn,
             turns_started=self._turns_started,
             duplicates_dropped=self.assembler.stats.duplicates_dropped,
-            stuck_partitions=len(self._stuck_restarts),
+            stuck_partitions=self.stuck_partitions,
         )
         return now, self._records_read
 
