@@ -64,6 +64,17 @@ class Pipeline(Process):
         )
 
 
+def wait_until_committed(
+    committed: list[CommittedTransaction], transactions: int, timeout: float
+) -> None:
+    """Wait for a background workload's first commits, so a test's window holds some."""
+    deadline = time.monotonic() + timeout
+    while len(committed) < transactions:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the workload committed {len(committed)} of {transactions}")
+        time.sleep(0.1)
+
+
 def wait_until_landed(table: Path, transactions: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -76,8 +87,8 @@ def wait_until_landed(table: Path, transactions: int, timeout: float) -> None:
 def background_workload(
     database: Any, seconds: float, rate: float, seed: int, **weights: float
 ) -> tuple[threading.Thread, threading.Event, list[CommittedTransaction]]:
+    """The workload on a thread; the list it returns fills as transactions commit."""
     stop = threading.Event()
-    result: list[CommittedTransaction] = []
     workload = Workload(
         database,
         WorkloadConfig(
@@ -87,9 +98,9 @@ def background_workload(
             **(weights or BANKING),
         ),
     )
-    thread = threading.Thread(target=lambda: result.extend(workload.run(stop)))
+    thread = threading.Thread(target=workload.run, args=(stop,))
     thread.start()
-    return thread, stop, result
+    return thread, stop, workload.committed
 
 
 def tail_argv(

@@ -22,7 +22,12 @@ from deltalake.exceptions import TableNotFoundError
 from ingest.delta.changelog import SCHEMA_ROW
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from tests.delta_checks import assert_change_log_invariants
-from tests.processes import Service, background_workload, wait_until_landed
+from tests.processes import (
+    Service,
+    background_workload,
+    wait_until_committed,
+    wait_until_landed,
+)
 
 
 def _landed_state(table: Path) -> str:
@@ -80,6 +85,9 @@ def test_a_new_job_killed_before_its_first_commit_loses_nothing(
         kills.append(_landed_state(table))
 
     try:
+        # On a loaded machine the workload's first commit can come late; a job that started
+        # before it would have nothing at stake.
+        wait_until_committed(committed, 5, timeout=60)
         # A crash loop at start-up, before the process can have committed anything.
         for _ in range(3):
             process = start()
