@@ -42,7 +42,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PIPELINE_CHECKPOINT_URI=/data/pipeline-checkpoint
 USER 10001
 WORKDIR /data
-EXPOSE 8080
+# 8080: the ingest service's health and /metrics; 8081: the pipeline's /metrics.
+EXPOSE 8080 8081
 # The ingest service's liveness endpoint; the pipeline container turns this check off.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=60s --retries=3 \
   CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"]

@@ -106,6 +106,7 @@ def one_size(client, size: int, workers: int, mirror: bool) -> None:
             "PIPELINE_MIRROR_ROOT": str(root / "mirrors"),
             "PIPELINE_CHECKPOINT_URI": str(root / "checkpoint"),
             "PIPELINE_MASTER": "local[2]",
+            "PIPELINE_METRICS_PORT": "0",
         },
         WORK / f"pipeline_{size}.log",
     )

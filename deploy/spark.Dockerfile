@@ -17,4 +17,6 @@ RUN python3 -m pip install --no-cache-dir . \
  && rm -rf /opt/spanner-cdc/jars/ivy \
  && cp pipeline/__main__.py /opt/spanner-cdc/pipeline_main.py
 ENV SPARK_DELTA_JARS=/opt/spanner-cdc/jars
+# The driver's /metrics (PIPELINE_METRICS_PORT).
+EXPOSE 8081
 USER spark

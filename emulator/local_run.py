@@ -153,6 +153,7 @@ def product_processes(options: RunOptions, database: str) -> tuple[Process, Proc
             "PIPELINE_CHECKPOINT_URI": str(folder / "pipeline-checkpoint"),
             "PIPELINE_MASTER": "local[2]",
             "PIPELINE_SHUFFLE_PARTITIONS": "2",
+            "PIPELINE_METRICS_PORT": "0",
         },
     )
     return ingest, pipeline

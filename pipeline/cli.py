@@ -89,6 +89,7 @@ def check_state_schema(config: config_module.PipelineConfig) -> int:
 
 def run(config: config_module.PipelineConfig) -> int:
     from pipeline.job import run_pipeline, spark_settings
+    from pipeline.metrics import PipelineMetrics
     from pipeline.session import build_session
 
     log = make_logger(sys.stdout, config.log_level).bind(component="pipeline")
@@ -96,18 +97,34 @@ def run(config: config_module.PipelineConfig) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     signal.signal(signal.SIGUSR1, lambda *_: drain.set())
-    stats = run_pipeline(
-        config,
-        log,
-        stop,
-        lambda: build_session(
-            f"spanner-mirrors-{config.job_id}",
-            master=config.master or None,
-            shuffle_partitions=config.shuffle_partitions,
-            extra=spark_settings(config),
-        ),
-        drain,
-    )
+    metrics = PipelineMetrics()
+    close_metrics = None
+    if config.metrics_port:
+        try:
+            close_metrics = metrics.serve(config.metrics_port)
+        except OSError as error:
+            raise ConfigError(
+                f"PIPELINE_METRICS_PORT={config.metrics_port}: cannot serve /metrics: "
+                f"{error.strerror}"
+            ) from error
+        log.info("metrics_serving", port=config.metrics_port)
+    try:
+        stats = run_pipeline(
+            config,
+            log,
+            stop,
+            lambda: build_session(
+                f"spanner-mirrors-{config.job_id}",
+                master=config.master or None,
+                shuffle_partitions=config.shuffle_partitions,
+                extra=spark_settings(config),
+            ),
+            drain,
+            metrics,
+        )
+    finally:
+        if close_metrics is not None:
+            close_metrics()
     log.info(
         "pipeline_stopped",
         batches=stats.batches,

@@ -44,6 +44,8 @@ class PipelineConfig:
     max_restarts: int = 5
     """Query restarts in a row (schema changes, conflicts) before the job gives up."""
     lock_stale_s: float = 60.0
+    metrics_port: int = 8081
+    """Prometheus ``/metrics`` on this port; 0 serves none."""
     log_level: str = "info"
 
     @property
@@ -78,6 +80,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "confirmed_drops": _confirmed_drops,
     "max_restarts": integer(0, 1_000),
     "lock_stale_s": seconds(5, 86_400),
+    "metrics_port": integer(0, 65_535),
     "log_level": choice("debug", "info", "warning", "error"),
 }
 

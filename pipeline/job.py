@@ -9,10 +9,11 @@ the job then evolves (an allowed evolution) and restarts on the same checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,6 +22,7 @@ from pyspark.sql import types as T
 
 from pipeline.catalog import discover_shapes, version_holding
 from pipeline.config import PipelineConfig
+from pipeline.metrics import PipelineMetrics
 from pipeline.mirror import ensure_mirror, mirror_uri, write_batch
 from pipeline.processor import (
     INPUT_COLUMNS,
@@ -148,7 +150,14 @@ def read_changes(spark: Any, config: PipelineConfig) -> Any:
     )
 
 
-def start_query(spark: Any, config: PipelineConfig, plan: Plan, stats: JobStats, log: Logger):
+def start_query(
+    spark: Any,
+    config: PipelineConfig,
+    plan: Plan,
+    stats: JobStats,
+    log: Logger,
+    metrics: PipelineMetrics,
+) -> Any:
     processor = ChangeApplier(
         plan.shapes,
         plan.deleted_variables,
@@ -178,6 +187,7 @@ def start_query(spark: Any, config: PipelineConfig, plan: Plan, stats: JobStats,
         seconds = time.monotonic() - started
         stats.batches += 1
         stats.rows_merged += sum(result.rows.values())
+        metrics.batch_landed(result.rows, result.newest_commit)
         log.info(
             "pipeline_batch",
             batch_id=batch_id,
@@ -196,6 +206,17 @@ def start_query(spark: Any, config: PipelineConfig, plan: Plan, stats: JobStats,
     else:
         writer = writer.trigger(processingTime=f"{config.trigger_interval_s} seconds")
     return writer.start()
+
+
+@contextlib.contextmanager
+def _listening(spark: Any, metrics: PipelineMetrics) -> Iterator[None]:
+    """Spark's query events feed the metrics while the session runs the job's queries."""
+    listener = metrics.listener()
+    spark.streams.addListener(listener)
+    try:
+        yield
+    finally:
+        spark.streams.removeListener(listener)
 
 
 def _await(query: Any, *interrupts: threading.Event) -> BaseException | None:
@@ -218,6 +239,7 @@ def run_pipeline(
     stop: threading.Event,
     session_factory: Callable[[], Any],
     drain: threading.Event | None = None,
+    metrics: PipelineMetrics | None = None,
 ) -> JobStats:
     """Run until stopped (continuous) or until the change log is processed (available-now).
 
@@ -229,9 +251,11 @@ def run_pipeline(
     stopped the writers knows the mirrors have caught up (``make run``, a planned upgrade).
     """
     drain = drain or threading.Event()
+    metrics = metrics or PipelineMetrics()
     stats = JobStats()
     in_a_row, batches_at_restart = 0, 0
-    with CheckpointLock(config.checkpoint_uri, config.lock_stale_s, f"pipeline {config.job_id}"):
+    lock = CheckpointLock(config.checkpoint_uri, config.lock_stale_s, f"pipeline {config.job_id}")
+    with lock, contextlib.ExitStack() as cleanup:
         spark = None
         while not stop.is_set():
             plan = plan_deployment(config, log)
@@ -241,7 +265,9 @@ def run_pipeline(
                     return stats
                 stop.wait(config.trigger_interval_s or 1.0)
                 continue
-            spark = spark or session_factory()
+            if spark is None:
+                spark = session_factory()
+                cleanup.enter_context(_listening(spark, metrics))
             for table, shape in plan.shapes.items():
                 ensure_mirror(spark, mirror_uri(config.mirror_root, table), shape, log)
             undone = roll_back_uncommitted_batch(config.checkpoint_uri)
@@ -250,7 +276,8 @@ def run_pipeline(
             if drain.is_set() and config.trigger != "available-now":
                 config = replace(config, trigger="available-now")
                 log.info("pipeline_draining")
-            query = start_query(spark, config, plan, stats, log)
+            query = start_query(spark, config, plan, stats, log, metrics)
+            metrics.query_started(plan.deployment.number)
             log.info(
                 "pipeline_query_started",
                 tables=sorted(plan.shapes),
@@ -259,6 +286,7 @@ def run_pipeline(
             )
             finishing = config.trigger == "available-now"
             error = _await(query, stop) if finishing else _await(query, stop, drain)
+            metrics.query_running.set(0)
             if error is None:
                 if not finishing and drain.is_set() and not stop.is_set():
                     continue
@@ -269,6 +297,7 @@ def run_pipeline(
             if reason is None or in_a_row >= config.max_restarts:
                 raise PipelineFailed(_with_changelog_version(_first_line(error), config)) from error
             stats.restarts += 1
+            metrics.restarts.labels(reason).inc()
             in_a_row, batches_at_restart = in_a_row + 1, stats.batches
             log.warning(
                 "pipeline_query_restarting",

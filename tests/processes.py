@@ -59,6 +59,7 @@ class Pipeline(Process):
                 "PIPELINE_MASTER": "local[2]",
                 "PIPELINE_SHUFFLE_PARTITIONS": "2",
                 "PIPELINE_LOCK_STALE_S": "5",
+                "PIPELINE_METRICS_PORT": "0",
                 **env,
             },
         )

@@ -15,6 +15,7 @@ import yaml
 from ingest.service.config import ENVIRONMENT as INGEST_ENVIRONMENT
 from ingest.service.config import ServiceConfig
 from pipeline.config import ENVIRONMENT as PIPELINE_ENVIRONMENT
+from pipeline.config import PipelineConfig
 from pipeline.session import JARS_VARIABLE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +81,8 @@ def test_dockerfile_is_multistage_slim_non_root_with_a_healthcheck() -> None:
     module_exists(yaml.safe_load(instruction(final, "CMD")[0]))
     build = " ".join(instruction(stages[0], "RUN"))
     assert "pipeline.session fetch" in build, "the Delta jars must be fetched at build time"
-    assert [f"EXPOSE {HEALTH_PORT}"] == [f"EXPOSE {p}" for p in instruction(final, "EXPOSE")]
+    metrics_port = PipelineConfig().metrics_port
+    assert instruction(final, "EXPOSE") == [f"{HEALTH_PORT} {metrics_port}"]
     variables = re.findall(r"(\w+)=", " ".join(instruction(final, "ENV")))
     assert set(variables) <= KNOWN_VARIABLES, set(variables) - KNOWN_VARIABLES
 
@@ -171,14 +173,16 @@ def test_pipeline_manifests_run_one_job_with_state_on_object_storage() -> None:
 
 
 def exported_metric_names() -> set[str]:
-    """Every sample name the ingest service's ``/metrics`` can show, from a real render with
-    every source set (a reader that has not run, a landed watermark, a snapshot)."""
+    """Every sample name the two processes' ``/metrics`` can show, from real renders with every
+    source set (a reader that has not run, a landed watermark, a snapshot; a batch landed)."""
+    from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
     from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
     from ingest.model.logs import null_logger
     from ingest.model.snapshot import SnapshotProgress
     from ingest.service.metrics import IngestMetrics
+    from pipeline.metrics import PipelineMetrics
 
     metrics = IngestMetrics()
     metrics.sources.reader = ChangeStreamReader(
@@ -189,11 +193,16 @@ def exported_metric_names() -> set[str]:
     metrics.sources.landed_watermark = 1
     metrics.sources.snapshot = lambda: SnapshotProgress.begin(1, ["t"])
     metrics.committed([], 1)
-    families = list(text_string_to_metric_families(metrics.render().decode()))
-    samples = {sample.name for family in families for sample in family.samples}
-    # a labelled counter with no sample yet (no retry so far) is still declared
-    counters = {f"{f.name}_total" for f in families if f.type == "counter"}
-    return samples | counters | {family.name for family in families}
+    pipeline = PipelineMetrics()
+    pipeline.batch_landed({"t": 1}, "2026-11-24T00:00:00Z")
+    names: set[str] = set()
+    for text in (metrics.render(), generate_latest(pipeline.registry)):
+        families = list(text_string_to_metric_families(text.decode()))
+        names |= {sample.name for family in families for sample in family.samples}
+        # a labelled counter with no sample yet (no retry so far) is still declared
+        names |= {f"{f.name}_total" for f in families if f.type == "counter"}
+        names |= {family.name for family in families}
+    return names
 
 
 def promql_metric_names(expression: str) -> set[str]:
@@ -202,17 +211,35 @@ def promql_metric_names(expression: str) -> set[str]:
 
 def test_dashboards_and_alerts_name_only_exported_metrics() -> None:
     exported = exported_metric_names()
-    assert "ingest_commit_latency_seconds_bucket" in exported
+    assert {"ingest_commit_latency_seconds_bucket", "pipeline_freshness_lag_seconds"} <= exported
     monitoring = ROOT / "deploy" / "monitoring"
-    dashboard = json.loads((monitoring / "ingest-dashboard.json").read_text())
+    dashboard = json.loads((monitoring / "dashboard.json").read_text())
     expressions = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    rules = yaml.safe_load((monitoring / "ingest-alerts.yaml").read_text())
+    rules = yaml.safe_load((monitoring / "alerts.yaml").read_text())
     assert rules["kind"] == "PrometheusRule"
     expressions += [r["expr"] for g in rules["spec"]["groups"] for r in g["rules"]]
     named = set().union(*(promql_metric_names(e) for e in expressions))
     assert named and named <= exported, named - exported
-    assert {"ingest_watermark_lag_seconds", "ingest_partitions"} <= named
-    service, monitor = yaml.safe_load_all((monitoring / "ingest-servicemonitor.yaml").read_text())
-    assert service["metadata"]["annotations"]["prometheus.io/port"] == str(HEALTH_PORT)
-    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert {
+        "ingest_watermark_lag_seconds",
+        "ingest_partitions",
+        "pipeline_freshness_lag_seconds",
+        "pipeline_batch_duration_seconds_bucket",
+        "pipeline_query_restarts_total",
+    } <= named
+    ports = {"ingest": str(HEALTH_PORT), "pipeline": str(PipelineConfig().metrics_port)}
+    for process, port in ports.items():
+        service, monitor = yaml.safe_load_all(
+            (monitoring / f"{process}-servicemonitor.yaml").read_text()
+        )
+        assert service["metadata"]["annotations"]["prometheus.io/port"] == port
+        assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+        monitored = service["spec"]["selector"]["app.kubernetes.io/name"]
+        pods = [manifests(f"{process}.yaml")["Deployment"]["spec"]["template"]["metadata"]]
+        if process == "pipeline":
+            pods.append(
+                manifests("pipeline-sparkapplication.yaml")["SparkApplication"]["spec"]["driver"]
+            )
+        for pod in pods:
+            assert pod["labels"]["app.kubernetes.io/name"] == monitored, process
     assert '"/metrics"' in SERVICE_SOURCE

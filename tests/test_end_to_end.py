@@ -2,7 +2,8 @@
 
 The promise checked: after the pipeline has processed the change log up to version v, every
 mirror table equals its Spanner table read at exactly W(v), through a Spanner ADD COLUMN mid-run
-and a kill -9 of the pipeline.
+and a kill -9 of the pipeline. Both processes' ``/metrics`` are scraped on the way and must move
+with the workload and agree with the change log.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from tenacity import (
 )
 
 from emulator.bootstrap import seed_accounts
+from emulator.server import free_port
 from emulator.verify import changelog_watermark, compare_mirrors, mirror_rows
 from ingest.model.timestamps import to_rfc3339
 from pipeline.catalog import discover_shapes
 from pipeline.mirror import mirror_uri
 from tests.checks import apply_ddl, start_after_setup
 from tests.processes import Pipeline, Service, background_workload, wait_until_landed
+from tests.scrapes import Samples, check_ingest, check_pipeline, scrape, scrape_until, value
 
 ALL_KINDS = dict(transfer_weight=0.6, all_types_weight=0.3, cleanup_weight=0.1)
 
@@ -58,6 +61,31 @@ def add_column(database, ddl: str) -> None:
     apply_ddl(database, ddl)
 
 
+def scrape_both(
+    ingest_port: int, pipeline_port: int, changelog: Path, after: list[Samples] | None = None
+) -> list[Samples]:
+    """Both processes' ``/metrics`` once a micro-batch with rows is counted (after ``after``'s
+    ones: then what landed and what was applied must have moved on), checked against the change
+    log."""
+
+    def applied_more(samples: Samples) -> bool:
+        return all(
+            (value(samples, name) or 0) > (value(after[1], name) or 0 if after else 0)
+            for name in ("pipeline_newest_commit_applied_seconds", "pipeline_batches_total")
+        )
+
+    pipeline = scrape_until(pipeline_port, applied_more, timeout=300)
+    check_pipeline(pipeline, changelog)
+    ingest = scrape(ingest_port)
+    check_ingest(ingest, changelog)
+    if after:
+        for name in ("ingest_transactions_landed_total", "ingest_low_watermark_seconds"):
+            assert (value(ingest, name) or 0) > (value(after[0], name) or 0), name
+        name = "pipeline_input_rows_total"
+        assert (value(pipeline, name) or 0) > (value(after[1], name) or 0), name
+    return [ingest, pipeline]
+
+
 @pytest.mark.emulator
 def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
     new_database, tmp_path: Path
@@ -68,13 +96,23 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
     start = start_after_setup()
     seed_accounts(database, accounts=100, initial_balance=1000)
     changelog = tmp_path / "changelog"
-    ingest = Service(database.database_id, changelog, tmp_path / "ingest.log", start)
-    pipeline = Pipeline(changelog, tmp_path, tmp_path / "pipeline.log")
+    ingest_port, pipeline_port = free_port(), free_port()
+    ingest = Service(
+        database.database_id,
+        changelog,
+        tmp_path / "ingest.log",
+        start,
+        INGEST_HEALTH_PORT=str(ingest_port),
+    )
+    pipeline = Pipeline(
+        changelog, tmp_path, tmp_path / "pipeline.log", PIPELINE_METRICS_PORT=str(pipeline_port)
+    )
     ingest_process = ingest.start()
     running = pipeline.start()
     try:
         pipeline.wait_for("pipeline_batch", 1, timeout=300, process=running)
         workload, _, committed = background_workload(database, 45, 10, seed, **ALL_KINDS)
+        scrapes = scrape_both(ingest_port, pipeline_port, changelog)
         time.sleep(rng.uniform(2, 6))
         add_column(database, "ALTER TABLE accounts ADD COLUMN nickname STRING(MAX)")
         name_accounts(database, range(0, 10))
@@ -87,6 +125,10 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
         )
         batches = pipeline.count("pipeline_batch")
         pipeline.wait_for("pipeline_batch", batches + 1, timeout=300, process=running)
+        scrapes += scrape_both(ingest_port, pipeline_port, changelog, after=scrapes)
+        schema_restarts = {"reason": "SOURCE_SCHEMA_CHANGED"}
+        restarts = value(scrapes[3], "pipeline_query_restarts_total", **schema_restarts)
+        assert restarts and restarts >= 1, f"seed {seed}"
         time.sleep(rng.uniform(0, 3))
         running.kill()
         running.wait()

@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,12 @@ from deltalake import DeltaTable, write_deltalake
 from ingest.delta import changelog as changelog_rows
 from ingest.model.logs import null_logger
 from ingest.model.records import ColumnType
+from ingest.model.timestamps import parse_rfc3339
 from pipeline import catalog as pipeline_catalog
 from pipeline import job
 from pipeline.catalog import discover_shapes, scan
 from pipeline.job import PipelineFailed, run_pipeline
+from pipeline.metrics import PipelineMetrics
 from pipeline.mirror import mirror_uri, write_batch
 from pipeline.processor import output_schema
 from pipeline.state.checkpoint import CheckpointInUse, CheckpointLock, checkpoint_id
@@ -64,6 +67,55 @@ def test_a_change_log_holding_only_a_new_jobs_empty_first_version_is_waited_on(
     stats = run_pipeline(config, null_logger(), threading.Event(), no_spark)
     assert stats.batches == 0
     assert not (tmp_path / "mirrors").exists()
+
+
+def test_metrics_follow_what_spark_reports_and_the_mirrors_received(spark, tmp_path: Path) -> None:
+    """Spark's query listener feeds batches, durations, rows read and state rows; the batch
+    function feeds rows merged and the newest commit applied; the job loop the deployment."""
+    config = configure(tmp_path, trigger="continuous", trigger_interval_s=0.2)
+    changelog = ChangeLog(config.changelog_uri)
+    seed(changelog)
+    landed = DeltaTable(config.changelog_uri).to_pyarrow_table(columns=["commit_timestamp_text"])
+    newest = max(landed.column("commit_timestamp_text").to_pylist())
+    metrics = PipelineMetrics()
+    value = metrics.registry.get_sample_value
+    stop, ended = threading.Event(), threading.Event()
+    result: dict[str, job.JobStats] = {}
+
+    def follow() -> None:
+        try:
+            result["stats"] = run_pipeline(
+                config, null_logger(), stop, lambda: spark, metrics=metrics
+            )
+        finally:
+            ended.set()
+
+    thread = threading.Thread(target=follow)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 180
+        while value("pipeline_input_rows_total") != landed.num_rows and not ended.is_set():
+            assert time.monotonic() < deadline, f"rows read: {value('pipeline_input_rows_total')}"
+            time.sleep(0.1)
+        assert value("pipeline_query_running") == 1
+    finally:
+        stop.set()
+        thread.join()
+    stats = result["stats"]
+    assert value("pipeline_query_running") == 0
+    assert value("pipeline_batches_total") == stats.batches >= 1
+    assert value("pipeline_batch_duration_seconds_count") == stats.batches
+    assert value("pipeline_batch_duration_seconds_sum") > 0
+    assert value("pipeline_rows_merged_total", {"table": "accounts"}) == stats.rows_merged >= 3
+    assert value("pipeline_state_rows") == 3  # keys 1 and 3, and key 2's tombstone
+    assert value("pipeline_changelog_files_outstanding") == 0
+    assert (
+        value("pipeline_state_deployment")
+        == SchemaRegistry(config.checkpoint_uri).history()[-1].number
+    )
+    assert value("pipeline_newest_commit_applied_seconds") == parse_rfc3339(newest) / 1e9
+    assert value("pipeline_freshness_lag_seconds") > 0
+    assert value("pipeline_query_restarts_total", {"reason": "SOURCE_SCHEMA_CHANGED"}) is None
 
 
 def test_mirrors_follow_the_change_log_and_replays_change_nothing(spark, tmp_path: Path) -> None:
@@ -497,6 +549,21 @@ class RestartingQuery:
         pass
 
 
+class NoSpark:
+    """A session stand-in for a job whose queries are stand-ins too: it only takes listeners."""
+
+    class streams:
+        listeners: list[object] = []
+
+        @classmethod
+        def addListener(cls, listener: object) -> None:
+            cls.listeners.append(listener)
+
+        @classmethod
+        def removeListener(cls, listener: object) -> None:
+            cls.listeners.remove(listener)
+
+
 @pytest.mark.parametrize(
     ("batches_between", "gives_up_after"),
     [([1, 1, 1, 1, 1, 1, 1], None), ([1, 0, 0, 0], 3), ([0, 0, 1, 0, 0, 0], 5)],
@@ -514,7 +581,7 @@ def test_max_restarts_counts_restarts_without_a_batch_between_them(
     stop = threading.Event()
     starts = iter(batches_between)
 
-    def start_query(spark, config, plan, stats, log):
+    def start_query(spark, config, plan, stats, log, metrics):
         batches = next(starts, None)
         if batches is None:
             stop.set()
@@ -525,11 +592,17 @@ def test_max_restarts_counts_restarts_without_a_batch_between_them(
     monkeypatch.setattr(job, "ensure_mirror", lambda *args: None)
     monkeypatch.setattr(job, "roll_back_uncommitted_batch", lambda uri: [])
     if gives_up_after is None:
-        stats = run_pipeline(config, null_logger(), stop, lambda: object())
+        metrics = PipelineMetrics()
+        stats = run_pipeline(config, null_logger(), stop, NoSpark, metrics=metrics)
         assert stats.restarts >= len(batches_between)
+        restarts = {"reason": "SOURCE_SCHEMA_CHANGED"}
+        assert metrics.registry.get_sample_value("pipeline_query_restarts_total", restarts) == (
+            stats.restarts
+        )
+        assert NoSpark.streams.listeners == []
     else:
         with pytest.raises(PipelineFailed, match="SOURCE_SCHEMA_CHANGED"):
-            run_pipeline(config, null_logger(), stop, lambda: object())
+            run_pipeline(config, null_logger(), stop, NoSpark)
         assert next(starts, "exhausted") == [*batches_between, "exhausted"][gives_up_after]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import socket
 import struct as struct_module
 import subprocess
 import sys
@@ -344,6 +345,24 @@ def test_bad_pipeline_options_get_one_error_line(args: list[str], message: str) 
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), result.stderr
+
+
+def test_a_metrics_port_in_use_gets_one_error_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "pipeline", "run", "--changelog", str(tmp_path / "none")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PIPELINE_METRICS_PORT": str(port)},
+        )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: PIPELINE_METRICS_PORT={port}: cannot serve /metrics: Address already in use"
+    ]
 
 
 def test_a_lock_file_cut_short_blocks_only_until_it_is_stale(tmp_path: Path) -> None:

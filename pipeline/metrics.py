@@ -1,0 +1,149 @@
+"""Prometheus metrics of the pipeline, served at ``/metrics`` on ``metrics_port``.
+
+Three feeds, each where the fact is known: Spark's ``StreamingQueryListener`` (micro-batches,
+their duration, change-log rows read, state rows, change-log files still to read), the batch
+function (rows merged per mirror, the newest Spanner commit applied), and the job loop (query
+restarts by reason, the state schema deployment running). Freshness is computed when Prometheus
+scrapes. One registry per process, no global state; labels are table names and restart reasons
+only (bounded), never row values.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339
+
+BATCH_DURATION_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900)
+
+
+class _FreshnessCollector(Collector):
+    def __init__(self, newest: Callable[[], Nanos | None], wall_clock: Callable[[], Nanos]):
+        self._newest = newest
+        self._wall_clock = wall_clock
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        newest = self._newest()
+        if newest is None:
+            return
+        yield GaugeMetricFamily(
+            "pipeline_newest_commit_applied_seconds",
+            "The newest Spanner commit timestamp applied to the mirrors (Unix seconds)",
+            value=newest / NANOS_PER_SECOND,
+        )
+        yield GaugeMetricFamily(
+            "pipeline_freshness_lag_seconds",
+            "Wall clock minus the newest commit applied; grows while Spanner is quiet too",
+            value=(self._wall_clock() - newest) / NANOS_PER_SECOND,
+        )
+
+
+class PipelineMetrics:
+    def __init__(self, wall_clock: Callable[[], Nanos] = time.time_ns) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._newest_commit: Nanos | None = None
+        self._lock = threading.Lock()
+        self.batches = Counter(
+            "pipeline_batches", "Micro-batches the query completed", registry=self.registry
+        )
+        self.batch_duration = Histogram(
+            "pipeline_batch_duration_seconds",
+            "Micro-batch duration: read, transformWithState, MERGE into the mirrors",
+            buckets=BATCH_DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.input_rows = Counter(
+            "pipeline_input_rows", "Change-log rows the query read", registry=self.registry
+        )
+        self.state_rows = Gauge(
+            "pipeline_state_rows", "Keys held in the RocksDB state store", registry=self.registry
+        )
+        self.files_outstanding = Gauge(
+            "pipeline_changelog_files_outstanding",
+            "Change-log data files not read yet, as of the last micro-batch",
+            registry=self.registry,
+        )
+        self.rows_merged = Counter(
+            "pipeline_rows_merged",
+            "Keys merged into a mirror table",
+            labelnames=["table"],
+            registry=self.registry,
+        )
+        self.restarts = Counter(
+            "pipeline_query_restarts",
+            "Restarts of the streaming query on the same checkpoint, by reason",
+            labelnames=["reason"],
+            registry=self.registry,
+        )
+        self.deployment = Gauge(
+            "pipeline_state_deployment",
+            "Number of the state schema deployment the query runs",
+            registry=self.registry,
+        )
+        self.query_running = Gauge(
+            "pipeline_query_running", "1 while the streaming query runs", registry=self.registry
+        )
+        self.registry.register(_FreshnessCollector(lambda: self._newest_commit, wall_clock))
+
+    def query_started(self, deployment: int) -> None:
+        self.query_running.set(1)
+        self.deployment.set(deployment)
+
+    def batch_landed(self, rows: Mapping[str, int], newest_commit: str | None) -> None:
+        """The batch function merged ``rows`` keys per mirror, up to ``newest_commit``."""
+        for table, count in rows.items():
+            self.rows_merged.labels(table).inc(count)
+        if newest_commit is not None:
+            newest = parse_rfc3339(newest_commit)
+            with self._lock:
+                if self._newest_commit is None or newest > self._newest_commit:
+                    self._newest_commit = newest
+
+    def progress(self, progress: Any) -> None:
+        """One ``StreamingQueryProgress``: a micro-batch completed."""
+        self.batch_duration.observe(progress.batchDuration / 1000)
+        self.batches.inc()
+        self.input_rows.inc(progress.numInputRows)
+        self.state_rows.set(sum(s.numRowsTotal for s in progress.stateOperators))
+        outstanding = [s.metrics.get("numFilesOutstanding") for s in progress.sources]
+        if outstanding and all(o is not None for o in outstanding):
+            self.files_outstanding.set(sum(int(o) for o in outstanding))
+
+    def listener(self) -> Any:
+        """A ``StreamingQueryListener`` feeding these metrics (pyspark is imported only here)."""
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        metrics = self
+
+        class Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                metrics.progress(event.progress)
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+        return Listener()
+
+    def serve(self, port: int) -> Callable[[], None]:
+        """Serve ``/metrics`` on ``port`` (all interfaces); returns what stops the server."""
+        server, thread = start_http_server(port, registry=self.registry)
+
+        def close() -> None:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
+
+        return close
