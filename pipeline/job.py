@@ -175,15 +175,16 @@ def start_query(
         started = time.monotonic()
         if "id" not in app_ids:
             app_ids["id"] = f"{config.job_id}:{checkpoint_id(config.checkpoint_uri)}"
-        result = write_batch(
-            batch,
-            batch_id,
-            plan.shapes,
-            config.mirror_root,
-            app_ids["id"],
-            log,
-            config.local_merge_max_rows,
-        )
+        with metrics.batch_running():
+            result = write_batch(
+                batch,
+                batch_id,
+                plan.shapes,
+                config.mirror_root,
+                app_ids["id"],
+                log,
+                config.local_merge_max_rows,
+            )
         seconds = time.monotonic() - started
         stats.batches += 1
         stats.rows_merged += sum(result.rows.values())
@@ -216,7 +217,21 @@ def _listening(spark: Any, metrics: PipelineMetrics) -> Iterator[None]:
     try:
         yield
     finally:
+        _deliver_pending_events(spark)
         spark.streams.removeListener(listener)
+
+
+def _deliver_pending_events(spark: Any) -> None:
+    """Spark posts a query's last progress after the query ends; delivered once the Python side
+    has gone, it logs a Java stack trace on a clean exit. PySpark's own tests drain the listener
+    bus the same way (an internal method, reached through py4j)."""
+    from py4j.protocol import Py4JError
+
+    context = getattr(spark, "sparkContext", None)
+    if context is None:
+        return
+    with contextlib.suppress(Py4JError):
+        context._jsc.sc().listenerBus().waitUntilEmpty(10_000)
 
 
 def _await(query: Any, *interrupts: threading.Event) -> BaseException | None:

@@ -10,6 +10,7 @@ only (bounded), never row values.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -24,13 +25,22 @@ from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339
 BATCH_DURATION_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900)
 
 
-class _FreshnessCollector(Collector):
-    def __init__(self, newest: Callable[[], Nanos | None], wall_clock: Callable[[], Nanos]):
-        self._newest = newest
-        self._wall_clock = wall_clock
+class _ScrapeCollector(Collector):
+    """What is computed when Prometheus scrapes: freshness, and how long a batch has run."""
+
+    def __init__(self, metrics: PipelineMetrics) -> None:
+        self._metrics = metrics
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        newest = self._newest()
+        metrics = self._metrics
+        started = metrics.batch_started_at
+        yield GaugeMetricFamily(
+            "pipeline_batch_running_seconds",
+            "How long the batch function has run on the micro-batch in progress; 0 between "
+            "batches (a hung batch shows here, not in the duration histogram)",
+            value=0.0 if started is None else metrics.monotonic() - started,
+        )
+        newest = metrics.newest_commit
         if newest is None:
             return
         yield GaugeMetricFamily(
@@ -41,14 +51,21 @@ class _FreshnessCollector(Collector):
         yield GaugeMetricFamily(
             "pipeline_freshness_lag_seconds",
             "Wall clock minus the newest commit applied; grows while Spanner is quiet too",
-            value=(self._wall_clock() - newest) / NANOS_PER_SECOND,
+            value=(metrics.wall_clock() - newest) / NANOS_PER_SECOND,
         )
 
 
 class PipelineMetrics:
-    def __init__(self, wall_clock: Callable[[], Nanos] = time.time_ns) -> None:
+    def __init__(
+        self,
+        wall_clock: Callable[[], Nanos] = time.time_ns,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._newest_commit: Nanos | None = None
+        self.wall_clock = wall_clock
+        self.monotonic = monotonic
+        self.newest_commit: Nanos | None = None
+        self.batch_started_at: float | None = None
         self._lock = threading.Lock()
         self.batches = Counter(
             "pipeline_batches", "Micro-batches the query completed", registry=self.registry
@@ -90,11 +107,20 @@ class PipelineMetrics:
         self.query_running = Gauge(
             "pipeline_query_running", "1 while the streaming query runs", registry=self.registry
         )
-        self.registry.register(_FreshnessCollector(lambda: self._newest_commit, wall_clock))
+        self.registry.register(_ScrapeCollector(self))
 
     def query_started(self, deployment: int) -> None:
         self.query_running.set(1)
         self.deployment.set(deployment)
+
+    @contextlib.contextmanager
+    def batch_running(self) -> Iterator[None]:
+        """The batch function works on a micro-batch (the executors compute its state first)."""
+        self.batch_started_at = self.monotonic()
+        try:
+            yield
+        finally:
+            self.batch_started_at = None
 
     def batch_landed(self, rows: Mapping[str, int], newest_commit: str | None) -> None:
         """The batch function merged ``rows`` keys per mirror, up to ``newest_commit``."""
@@ -103,8 +129,8 @@ class PipelineMetrics:
         if newest_commit is not None:
             newest = parse_rfc3339(newest_commit)
             with self._lock:
-                if self._newest_commit is None or newest > self._newest_commit:
-                    self._newest_commit = newest
+                if self.newest_commit is None or newest > self.newest_commit:
+                    self.newest_commit = newest
 
     def progress(self, progress: Any) -> None:
         """One ``StreamingQueryProgress``: a micro-batch completed."""

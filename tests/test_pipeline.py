@@ -116,6 +116,18 @@ def test_metrics_follow_what_spark_reports_and_the_mirrors_received(spark, tmp_p
     assert value("pipeline_newest_commit_applied_seconds") == parse_rfc3339(newest) / 1e9
     assert value("pipeline_freshness_lag_seconds") > 0
     assert value("pipeline_query_restarts_total", {"reason": "SOURCE_SCHEMA_CHANGED"}) is None
+    assert value("pipeline_batch_running_seconds") == 0
+
+
+def test_a_batch_in_progress_shows_how_long_it_has_run() -> None:
+    now = [100.0]
+    metrics = PipelineMetrics(monotonic=lambda: now[0])
+    running = functools.partial(metrics.registry.get_sample_value, "pipeline_batch_running_seconds")
+    with pytest.raises(RuntimeError), metrics.batch_running():
+        now[0] += 42
+        assert running() == 42
+        raise RuntimeError("the batch failed")
+    assert running() == 0
 
 
 def test_mirrors_follow_the_change_log_and_replays_change_nothing(spark, tmp_path: Path) -> None:
