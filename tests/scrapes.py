@@ -34,12 +34,16 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 
 def scrape_until(port: int, done: Callable[[Samples], bool], timeout: float) -> Samples:
-    """Scrape until ``done`` holds: Spark reports a micro-batch's progress to its listeners
-    after the batch, on its own thread."""
+    """Scrape until ``done`` holds (Spark reports a micro-batch's progress to its listeners
+    after the batch, on its own thread), waiting for the process to serve at all."""
     deadline = time.monotonic() + timeout
+    samples: Samples = {}
     while True:
-        samples = scrape(port)
-        if done(samples):
+        try:
+            samples = scrape(port)
+        except OSError:
+            samples = {}
+        if samples and done(samples):
             return samples
         assert time.monotonic() < deadline, f"metrics never reached the condition: {samples}"
         time.sleep(0.2)

@@ -1,0 +1,106 @@
+"""The pipeline on a Spark standalone cluster (a master and two workers on loopback, state,
+checkpoint and mirrors on a path they share): the processor, its RocksDB state and the MERGE run
+in executors, other JVMs than the driver's. A worker is killed with kill -9 while a micro-batch
+runs and is replaced; the mirrors must still equal Spanner at the change log's watermark."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from emulator.bootstrap import seed_accounts
+from emulator.server import free_port
+from emulator.verify import changelog_watermark, compare_mirrors
+from pipeline.catalog import discover_shapes
+from tests.checks import start_after_setup
+from tests.processes import Pipeline, Service, background_workload, wait_until_landed
+from tests.scrapes import scrape_until, value
+from tests.spark_cluster import StandaloneCluster
+
+
+@pytest.mark.emulator
+def test_mirrors_equal_spanner_on_a_standalone_cluster_that_loses_a_worker(
+    new_database, tmp_path: Path
+) -> None:
+    seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
+    rng = random.Random(seed)
+    database = new_database("googlesql", accounts=0)
+    start = start_after_setup()
+    seed_accounts(database, accounts=100, initial_balance=1000)
+    changelog = tmp_path / "changelog"
+    cluster = StandaloneCluster(tmp_path / "spark")
+    metrics_port = free_port()
+    ingest = Service(database.database_id, changelog, tmp_path / "ingest.log", start)
+    pipeline = Pipeline(
+        changelog,
+        tmp_path,
+        tmp_path / "pipeline.log",
+        PIPELINE_MASTER=cluster.master_url,
+        PIPELINE_METRICS_PORT=str(metrics_port),
+        # every MERGE through Spark, on the executors (not delta-rs on the driver)
+        PIPELINE_LOCAL_MERGE_MAX_ROWS="0",
+        SPARK_LOCAL_IP="127.0.0.1",
+    )
+    cluster.start(workers=2)
+    ingest_process = ingest.start()
+    running = pipeline.start()
+    # Writes until the lost worker's batch has landed (a first batch takes minutes here).
+    workload, stop_workload, committed = background_workload(database, 900, 5, seed)
+    try:
+        # The job has met both tables (one restart) and merges the workload's changes.
+        scrape_until(
+            metrics_port,
+            lambda s: (value(s, "pipeline_rows_merged_total", table="transfers") or 0) > 0,
+            timeout=400,
+        )
+        first_workers = cluster.alive_worker_ids()
+        workers = [w for w in cluster.processes[1:] if cluster.executor_pids(w)]
+        assert len(workers) == 2, "both workers must run an executor of the job"
+        time.sleep(rng.uniform(0, 3))
+        scrape_until(
+            metrics_port,
+            lambda s: (value(s, "pipeline_batch_running_seconds") or 0) > 0,
+            timeout=300,
+        )
+        landed_before = pipeline.count("pipeline_batch")
+        assert workload.is_alive(), "the workload must still write while the batch runs"
+        cluster.kill_worker(rng.choice(workers))
+        replacement = cluster.start_worker()
+        assert cluster.wait_for_workers(2) - first_workers, "the replacement worker registered"
+        pipeline.wait_for("pipeline_batch", landed_before + 1, timeout=400, process=running)
+        killed_batch = [e for e in pipeline.events() if e["event"] == "pipeline_batch"][
+            landed_before
+        ]
+        assert killed_batch["rows"], f"seed {seed}: the batch in progress carried no rows"
+        assert "Lost executor" in pipeline.log.read_text(errors="replace"), f"seed {seed}"
+        stop_workload.set()
+        workload.join()
+        wait_until_landed(changelog, len(committed) + 1, timeout=120)  # + the seed
+        deadline = time.monotonic() + 300
+        while not cluster.executor_pids(replacement):
+            assert time.monotonic() < deadline, "the job never got an executor on the new worker"
+            time.sleep(0.5)
+        ingest_process.send_signal(signal.SIGTERM)
+        assert ingest_process.wait(timeout=20) == 0
+        running.send_signal(signal.SIGUSR1)  # drain: process what the change log holds, exit
+        assert running.wait(timeout=400) == 0, pipeline.log.read_text()[-3000:]
+    finally:
+        stop_workload.set()
+        for process in (ingest_process, running):
+            process.kill()
+        cluster.stop()
+    watermark = changelog_watermark(str(changelog))
+    assert watermark is not None
+    shapes = discover_shapes(str(changelog))
+    comparisons = compare_mirrors(
+        database, str(tmp_path / "mirrors"), shapes, watermark.low_watermark, timestamp_digits=0
+    )
+    assert all(c.equal for c in comparisons), f"seed {seed}: " + "; ".join(
+        c.describe() for c in comparisons
+    )
+    assert len(committed) >= 300 and all(c.mirror_rows > 0 for c in comparisons), comparisons
