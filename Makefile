@@ -25,7 +25,7 @@ jars: .jars/.fetched
 test: venv jars
 	$(PY) -m ruff check ingest pipeline emulator tests bench
 	$(PY) -m mypy
-	$(PY) -m pytest -n 2 --dist loadfile --durations=15
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 lint: venv
 	$(PY) -m ruff check ingest pipeline emulator tests bench

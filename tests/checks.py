@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from google.api_core.exceptions import FailedPrecondition
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
+from emulator.bootstrap import seed_accounts
+from emulator.verify import TableComparison, changelog_watermark, compare_mirrors
 from emulator.workload import CommittedTransaction
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339, to_rfc3339
 from ingest.model.values import decode_row
+from pipeline.catalog import discover_shapes
+from pipeline.types import TableShape
 
 TIMESTAMP_COLUMNS = {"updated_at", "created_at", "col_timestamp"}
 
@@ -145,3 +150,32 @@ def apply_ddl(database: Any, *statements: str) -> None:
     ):
         with attempt:
             database.update_ddl(list(statements)).result(120)
+
+
+def compare_at_watermark(
+    database: Any, changelog: str, mirror_root: str, tables: Collection[str] | None = None
+) -> tuple[dict[str, TableShape], list[TableComparison]]:
+    """Each mirror (of ``tables``, or all) against its Spanner table read at exactly the change
+    log's W; TIMESTAMPs at whole seconds (the emulator's change stream drops their fraction)."""
+    watermark = changelog_watermark(changelog)
+    assert watermark is not None, "the change log holds no consistent cut"
+    shapes = {t: s for t, s in discover_shapes(changelog).items() if tables is None or t in tables}
+    comparisons = compare_mirrors(
+        database, mirror_root, shapes, watermark.low_watermark, timestamp_digits=0
+    )
+    return shapes, comparisons
+
+
+def assert_mirrors_equal(comparisons: list[TableComparison], context: str = "") -> None:
+    assert all(c.equal for c in comparisons), f"{context}: " + "; ".join(
+        c.describe() for c in comparisons
+    )
+
+
+def accounts_written_after_start(new_database: Any) -> tuple[Any, int]:
+    """A banking database whose 100 accounts are inserted after the returned job start, so the
+    change log carries every row the workload then updates."""
+    database = new_database("googlesql", accounts=0)
+    start = start_after_setup()
+    seed_accounts(database, accounts=100, initial_balance=1000)
+    return database, start

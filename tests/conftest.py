@@ -16,6 +16,29 @@ from emulator.server import EmulatorNotFound, emulator, find_emulator_binary
 pytest_plugins = ["tests.pipeline_runs"]
 """The ``spark`` fixture of the pipeline tests (a module that defines its own keeps it)."""
 
+LONGEST_FIRST = (
+    "test_snapshot.py",
+    "test_spark_cluster.py",
+    "test_source_changes.py",
+    "test_pipeline.py",
+    "test_end_to_end.py",
+    "test_pipeline_properties.py",
+    "test_wide_streams.py",
+    "test_table_snapshot.py",
+    "test_emulator_reader.py",
+    "test_make_run.py",
+    "test_ingest_service.py",
+)
+"""Test files that take minutes on two cores (CI's --durations), longest first. ``make test``
+hands files to its two workers in collection order (``--no-loadscope-reorder``): started first,
+they end together instead of one worker running the longest ones alone at the end."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 TOKEN_ALIVE_SECONDS = 1
 """Partition tokens live 1 to 2 s on the emulator. At 2 (2 to 4 s) a loaded 2-core machine
 churned too slowly for 5 split/merge cycles in a 55 s run; faster churn is the harder test."""

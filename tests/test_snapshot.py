@@ -19,13 +19,13 @@ import pytest
 from deltalake import DeltaTable
 from google.protobuf import timestamp_pb2
 
-from emulator.verify import changelog_watermark, compare_mirrors, latest_checkpoint
+from emulator.verify import latest_checkpoint
 from emulator.workload import CommittedTransaction, load_existing_rows
 from ingest.delta.changelog import SNAPSHOT_ROW
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.snapshot import SnapshotProgress
 from ingest.model.timestamps import NANOS_PER_SECOND, to_rfc3339
-from pipeline.catalog import discover_shapes
+from tests.checks import assert_mirrors_equal, compare_at_watermark
 from tests.delta_checks import assert_change_log_invariants
 from tests.processes import Pipeline, Service, background_workload, wait_until_landed
 
@@ -147,15 +147,8 @@ def test_an_existing_database_is_mirrored_from_one_timestamp_through_kill_9(
     pipeline = Pipeline(changelog, tmp_path, tmp_path / "pipeline.log")
     catch_up = pipeline.start("--trigger", "available-now")
     assert catch_up.wait(timeout=600) == 0, pipeline.log.read_text()[-3000:]
-    watermark = changelog_watermark(str(changelog))
-    assert watermark is not None
-    shapes = discover_shapes(str(changelog))
-    comparisons = compare_mirrors(
-        database, str(tmp_path / "mirrors"), shapes, watermark.low_watermark, timestamp_digits=0
-    )
-    assert all(c.equal for c in comparisons), f"seed {seed}: " + "; ".join(
-        c.describe() for c in comparisons
-    )
+    _, comparisons = compare_at_watermark(database, str(changelog), str(tmp_path / "mirrors"))
+    assert_mirrors_equal(comparisons, f"seed {seed}")
 
 
 def run_to_exit(service: Service, timeout: float = 180) -> tuple[int, str]:

@@ -29,12 +29,12 @@ from google.cloud.spanner_v1.data_types import JsonObject
 from google.cloud.spanner_v1.database import Database
 
 from emulator.bootstrap import bootstrap
-from emulator.verify import changelog_watermark, compare_mirrors
+from emulator.verify import changelog_watermark
 from ingest.model.timestamps import from_datetime, to_rfc3339
 from pipeline.catalog import discover_shapes, scan
 from pipeline.config import PipelineConfig
 from pipeline.mirror import mirror_uri
-from tests.checks import apply_ddl
+from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
 from tests.pipeline_runs import configure, run
 from tests.processes import Service
 
@@ -88,14 +88,11 @@ class Source:
         return configure(self.folder / name, changelog_uri=str(changelog or self.changelog))
 
     def assert_mirrors_equal_spanner(self, config: PipelineConfig, *tables: str) -> None:
-        watermark = changelog_watermark(config.changelog_uri)
-        assert watermark is not None
-        shapes = {t: s for t, s in discover_shapes(config.changelog_uri).items() if t in tables}
-        assert set(shapes) == set(tables)
-        comparisons = compare_mirrors(
-            self.database, config.mirror_root, shapes, watermark.low_watermark, timestamp_digits=0
+        shapes, comparisons = compare_at_watermark(
+            self.database, config.changelog_uri, config.mirror_root, tables
         )
-        assert all(c.equal for c in comparisons), "; ".join(c.describe() for c in comparisons)
+        assert set(shapes) == set(tables)
+        assert_mirrors_equal(comparisons)
         assert all(c.mirror_rows > 0 for c in comparisons)
 
 

@@ -18,14 +18,13 @@ from deltalake import DeltaTable
 from google.cloud import spanner
 
 from emulator.server import free_port
-from emulator.verify import changelog_watermark, compare_mirrors, consistent_past
+from emulator.verify import consistent_past
 from emulator.workload import load_existing_rows
 from ingest.delta.absent_keys import absent_keys
 from ingest.delta.changelog import SNAPSHOT_DELETE, SNAPSHOT_ROW
 from ingest.model.encoding import canonical_json
 from ingest.model.timestamps import parse_rfc3339
-from pipeline.catalog import discover_shapes
-from tests.checks import apply_ddl
+from tests.checks import apply_ddl, compare_at_watermark
 from tests.processes import Pipeline, Service, background_workload
 
 
@@ -69,15 +68,8 @@ def wait_for_watermark(changelog: Path, at_least: int, timeout: float) -> None:
 def mirror_and_compare(pipeline: Pipeline, changelog: Path, database, root: Path):  # type: ignore[no-untyped-def]
     catch_up = pipeline.start("--trigger", "available-now")
     assert catch_up.wait(timeout=600) == 0, pipeline.log.read_text()[-3000:]
-    watermark = changelog_watermark(str(changelog))
-    assert watermark is not None
-    shapes = discover_shapes(str(changelog))
-    return {
-        c.table: c
-        for c in compare_mirrors(
-            database, str(root / "mirrors"), shapes, watermark.low_watermark, timestamp_digits=0
-        )
-    }
+    _, comparisons = compare_at_watermark(database, str(changelog), str(root / "mirrors"))
+    return {c.table: c for c in comparisons}
 
 
 @pytest.mark.emulator
