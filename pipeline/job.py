@@ -301,7 +301,7 @@ def run_pipeline(
             )
             finishing = config.trigger == "available-now"
             error = _await(query, stop) if finishing else _await(query, stop, drain)
-            metrics.query_running.set(0)
+            metrics.query_ended()
             if error is None:
                 if not finishing and drain.is_set() and not stop.is_set():
                     continue

@@ -11,7 +11,6 @@ only (bounded), never row values.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -66,7 +65,6 @@ class PipelineMetrics:
         self.monotonic = monotonic
         self.newest_commit: Nanos | None = None
         self.batch_started_at: float | None = None
-        self._lock = threading.Lock()
         self.batches = Counter(
             "pipeline_batches", "Micro-batches the query completed", registry=self.registry
         )
@@ -113,6 +111,9 @@ class PipelineMetrics:
         self.query_running.set(1)
         self.deployment.set(deployment)
 
+    def query_ended(self) -> None:
+        self.query_running.set(0)
+
     @contextlib.contextmanager
     def batch_running(self) -> Iterator[None]:
         """The batch function works on a micro-batch (the executors compute its state first)."""
@@ -128,9 +129,8 @@ class PipelineMetrics:
             self.rows_merged.labels(table).inc(count)
         if newest_commit is not None:
             newest = parse_rfc3339(newest_commit)
-            with self._lock:
-                if self.newest_commit is None or newest > self.newest_commit:
-                    self.newest_commit = newest
+            if self.newest_commit is None or newest > self.newest_commit:
+                self.newest_commit = newest
 
     def progress(self, progress: Any) -> None:
         """One ``StreamingQueryProgress``: a micro-batch completed."""
