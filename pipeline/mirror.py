@@ -22,6 +22,7 @@ import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -170,14 +171,36 @@ def _record_generations(spark: SparkSession, uri: str, newer: dict[str, int]) ->
 
 
 def _narrowing_condition(source: DataFrame, shape: TableShape) -> SparkColumn:
+    """The first key column's values (or their range beyond ``LITERAL_KEYS_LIMIT``) as literals,
+    so delta-spark reads only the mirror files that may hold the batch's keys."""
     first = shape.key_columns[0].name
-    values = [r[0] for r in source.select(first).distinct().limit(LITERAL_KEYS_LIMIT + 1).collect()]
+    carried, literal = _literal_transport(source.schema[first].dataType)
+    column = carried(F.col(_quoted(first)))
+    values = [
+        r[0] for r in source.select(column).distinct().limit(LITERAL_KEYS_LIMIT + 1).collect()
+    ]
     target = F.col(f"t.{_quoted(first)}")
     if len(values) <= LITERAL_KEYS_LIMIT and None not in values:
-        return target.isin(values)
-    bounds = source.agg(F.min(_quoted(first)), F.max(_quoted(first))).first()
+        return target.isin([literal(v) for v in values])
+    bounds = source.agg(F.min(column), F.max(column)).first()
     assert bounds is not None, "an aggregate has one row"
-    return target.isNull() | target.between(bounds[0], bounds[1])
+    return target.isNull() | target.between(literal(bounds[0]), literal(bounds[1]))
+
+
+def _literal_transport(
+    data_type: T.DataType,
+) -> tuple[Callable[[SparkColumn], SparkColumn], Callable[[Any], SparkColumn]]:
+    """How a key value travels to the driver and back into a literal unchanged.
+
+    Dates and timestamps go as days and microseconds since the epoch: PySpark hands a Python
+    date to the JVM as ``strftime`` text, which has no leading zeros before year 1000 (Spanner
+    dates start at year 1) and fails to parse, and ``collect()`` fails on year-1 timestamps.
+    """
+    if isinstance(data_type, T.DateType):
+        return F.unix_date, lambda days: F.date_from_unix_date(F.lit(days))
+    if isinstance(data_type, T.TimestampType):
+        return F.unix_micros, lambda micros: F.timestamp_micros(F.lit(micros))
+    return (lambda column: column), F.lit
 
 
 def merge_into_mirror(
@@ -222,14 +245,21 @@ def merge_into_mirror(
 
 
 def _key_predicate(shape: TableShape, source: pa.Table) -> str:
-    """Key equality in delta-rs's SQL. Plain ``=`` lets delta-rs prune the mirror's files by the
-    source's keys; only a batch holding a NULL key (Spanner allows them) needs null-safe
-    equality, which delta-rs cannot prune by and so reads every file."""
-    null_keys = any(source.column(c.name).null_count for c in shape.key_columns)
-    equal = "IS NOT DISTINCT FROM" if null_keys else "="
-    return " AND ".join(
-        f"t.{_sql_name(c.name)} {equal} s.{_sql_name(c.name)}" for c in shape.key_columns
-    )
+    """Key equality in delta-rs's SQL, one parenthesised term per key column.
+
+    Plain ``=`` lets delta-rs prune the mirror's files by the source's keys; only a key column
+    holding a NULL in this batch (Spanner allows NULL in nullable key columns) needs null-safe
+    equality, which delta-rs cannot prune by. A column without NULLs in the source keeps ``=``:
+    a NULL in the mirror never equals a source value either way. The parentheses are needed:
+    delta-rs parses ``a IS NOT DISTINCT FROM b AND c ...`` as ``a IS NOT DISTINCT FROM (b AND
+    c) ...`` and fails to plan it.
+    """
+    terms = []
+    for column in shape.key_columns:
+        equal = "IS NOT DISTINCT FROM" if source.column(column.name).null_count else "="
+        name = _sql_name(column.name)
+        terms.append(f"(t.{name} {equal} s.{name})")
+    return " AND ".join(terms)
 
 
 def _sql_name(name: str) -> str:
