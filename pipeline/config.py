@@ -7,6 +7,7 @@ Hadoop file systems understand; the defaults match the ingest service's defaults
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -40,7 +41,8 @@ class PipelineConfig:
     max_evolutions_per_variable: int = 16
     max_evolutions_per_query: int = 128
     confirmed_drops: str = ""
-    """Comma-separated variable.field pairs whose removal next to a same-typed addition is meant."""
+    """Comma-separated ``variable.field`` paths whose removal next to a same-typed addition is
+    meant; the field may be nested (``entry_items.change_stats.updates``), as a refusal names it."""
     max_restarts: int = 5
     """Query restarts in a row (schema changes, conflicts) before the job gives up."""
     lock_stale_s: float = 60.0
@@ -56,10 +58,17 @@ class PipelineConfig:
 ENVIRONMENT = {f.name: f"PIPELINE_{f.name.upper()}" for f in fields(PipelineConfig)}
 
 
+CONFIRMED_DROP = re.compile(r"[^.\s]+(\.[^.\s]+)+")
+"""A variable, then a field path of one or more parts: what a rename refusal names."""
+
+
 def _confirmed_drops(value: Any) -> str:
-    for pair in str(value).split(","):
-        if pair.strip() and pair.strip().count(".") != 1:
-            raise ValueError("expected variable.field pairs separated by commas")
+    for path in str(value).split(","):
+        if path.strip() and not CONFIRMED_DROP.fullmatch(path.strip()):
+            raise ValueError(
+                "expected variable.field paths separated by commas (a nested field as a refusal "
+                "names it: entry_items.change_stats.updates)"
+            )
     return str(value)
 
 

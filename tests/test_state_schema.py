@@ -21,7 +21,9 @@ from google.cloud.spanner_v1.data_types import JsonObject
 from pyspark.sql import types as T
 
 from emulator.verify import canonical
+from ingest.model.options import ConfigError
 from ingest.model.records import ColumnType
+from pipeline.config import load as load_pipeline_config
 from pipeline.state.avro import avro_schema
 from pipeline.state.compatibility import Limits, Refusal, StateSchemaError, check_evolution
 from pipeline.state.registry import Deployment, SchemaRegistry
@@ -103,6 +105,25 @@ def test_a_map_key_change_is_refused() -> None:
     assert "state variable 'b', field 'tags': map key change: key type string → bigint" in message
 
 
+def test_a_nested_rename_is_confirmed_by_the_path_the_refusal_names() -> None:
+    recorded = {"entry_t": struct(change_stats=struct(updates=T.LongType(), deletes=T.LongType()))}
+    renamed = {"entry_t": struct(change_stats=struct(edits=T.LongType(), deletes=T.LongType()))}
+    with pytest.raises(StateSchemaError) as caught:
+        check_evolution(history(recorded), renamed)
+    suggestion = str(caught.value).rsplit("confirmed_drops=", 1)[1]
+    assert suggestion == "entry_t.change_stats.updates"
+    config = load_pipeline_config({"PIPELINE_CONFIRMED_DROPS": f"a.s, {suggestion}"})
+    assert config.confirmed_drop_set == {"a.s", suggestion}
+    evolution = check_evolution(history(recorded), renamed, config.confirmed_drop_set)
+    assert evolution.added_fields == {"entry_t": ("change_stats.edits",)}
+
+
+@pytest.mark.parametrize("value", ["nodot", "a.", ".b", "a..b", "a.b, c", "a b.c"])
+def test_a_confirmed_drop_must_name_a_variable_and_a_field(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"expected variable\.field paths"):
+        load_pipeline_config({"PIPELINE_CONFIRMED_DROPS": value})
+
+
 def test_a_rename_must_be_confirmed() -> None:
     renamed = {**V1, "a": struct(n=T.IntegerType(), label=T.StringType())}
     message = refused(renamed)
@@ -111,19 +132,41 @@ def test_a_rename_must_be_confirmed() -> None:
     assert check_evolution(history(V1), renamed, frozenset({"a.s"})).changed_variables == ("a",)
 
 
-def test_the_evolution_limits_are_enforced() -> None:
+def test_the_evolution_limits_are_spark_s_own() -> None:
+    """Spark numbers a variable's value schemas from 0 and refuses number ``threshold``
+    (``valueSchemaId + 1 >= threshold``), and refuses schema file ``maxNumStateSchemaFiles + 1``:
+    the product refuses exactly what Spark would, one deployment earlier, before Spark starts."""
     versions = [V1]
     for width in (T.LongType(), T.FloatType(), T.DoubleType()):
         versions.append({**V1, "a": struct(n=width, s=T.StringType())})
     past = history(*versions)
     nxt = {**V1, "a": struct(n=T.DoubleType(), s=T.StringType(), extra=T.LongType())}
-    with pytest.raises(
-        StateSchemaError, match=r"'a': evolution limit per variable exceeded: .* 4 of"
-    ):
-        check_evolution(past, nxt, limits=Limits(per_variable=3))
-    with pytest.raises(StateSchemaError, match="evolution limit per query exceeded"):
-        check_evolution(past, nxt, limits=Limits(per_query=3))
-    assert check_evolution(past, nxt, limits=Limits(per_variable=4, per_query=4)).is_change
+    with pytest.raises(StateSchemaError) as caught:
+        check_evolution(past, nxt, limits=Limits(per_variable=4, per_query=100))
+    assert str(caught.value) == (
+        "state schema change refused (1): state variable 'a': evolution limit per variable "
+        "exceeded: this would be evolution 4 of the variable; with max_evolutions_per_variable=4 "
+        "(Spark's spark.sql.streaming.stateStore.valueStateSchemaEvolutionThreshold) Spark "
+        "allows 3"
+    )
+    with pytest.raises(StateSchemaError, match="would be state schema file 5 of the query"):
+        check_evolution(past, nxt, limits=Limits(per_variable=100, per_query=4))
+    assert check_evolution(past, nxt, limits=Limits(per_variable=5, per_query=5)).is_change
+
+
+def test_a_variable_added_again_continues_its_evolution_count() -> None:
+    """Spark reads every old schema file, so a deleted variable that comes back keeps its
+    schema numbers: the count must not restart at the deletion."""
+    evolved = {**V1, "a": struct(n=T.LongType(), s=T.StringType())}
+    past = [
+        Deployment(1, V1),
+        Deployment(2, evolved),
+        Deployment(3, {"b": V1["b"]}, deleted=("a",)),
+    ]
+    again = {**V1, "a": struct(n=T.DoubleType(), s=T.StringType())}
+    with pytest.raises(StateSchemaError, match="'a': evolution limit per variable exceeded"):
+        check_evolution(past, again, limits=Limits(per_variable=2))
+    assert check_evolution(past, again, limits=Limits(per_variable=3)).added_variables == ("a",)
 
 
 def test_the_registry_records_spark_and_avro_schemas(tmp_path: Path) -> None:

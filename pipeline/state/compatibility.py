@@ -57,6 +57,14 @@ class StateSchemaError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Limits:
+    """Spark's two thresholds, with the values the job also sets in Spark.
+
+    ``per_variable`` is ``valueStateSchemaEvolutionThreshold``: Spark numbers a variable's value
+    schemas from 0 and refuses schema number ``per_variable``, so a variable evolves at most
+    ``per_variable - 1`` times. ``per_query`` is ``maxNumStateSchemaFiles``: a deployment that
+    changes the state writes one schema file, and Spark refuses file ``per_query + 1``.
+    """
+
     per_variable: int = 16
     per_query: int = 128
 
@@ -101,24 +109,27 @@ def check_evolution(
     old = history[-1].schemas
     refusals: list[Refusal] = []
     changed, added_fields = [], {}
-    for name in sorted(set(old) & set(new)):
-        if old[name] == new[name]:
+    for name in sorted(new):
+        before = _last_schema(history, name)
+        if before is None or before == new[name]:
             continue
-        changed.append(name)
-        refusals += _compare_struct(name, "", old[name], new[name], confirmed_drops)
-        added = fields_added(old[name], new[name])
+        if name in old:
+            changed.append(name)
+        refusals += _compare_struct(name, "", before, new[name], confirmed_drops)
+        added = fields_added(before, new[name])
         if added:
             added_fields[name] = added
         evolutions = _evolution_count(history, name) + 1
-        if evolutions > limits.per_variable:
+        if evolutions >= limits.per_variable:
             refusals.append(
                 Refusal(
                     name,
                     "",
                     "evolution limit per variable exceeded",
-                    f"this would be evolution {evolutions} of the variable, the limit is "
-                    f"{limits.per_variable} (max_evolutions_per_variable; Spark's "
-                    "spark.sql.streaming.stateStore.valueStateSchemaEvolutionThreshold)",
+                    f"this would be evolution {evolutions} of the variable; with "
+                    f"max_evolutions_per_variable={limits.per_variable} (Spark's "
+                    "spark.sql.streaming.stateStore.valueStateSchemaEvolutionThreshold) Spark "
+                    f"allows {limits.per_variable - 1}",
                 )
             )
     evolution = Evolution(
@@ -127,16 +138,17 @@ def check_evolution(
         changed_variables=tuple(changed),
         added_fields=added_fields,
     )
-    query_evolutions = len(history) - 1 + evolution.is_change
-    if query_evolutions > limits.per_query:
+    schema_files = len(history) + evolution.is_change
+    if schema_files > limits.per_query:
         refusals.append(
             Refusal(
                 "*",
                 "",
                 "evolution limit per query exceeded",
-                f"this would be evolution {query_evolutions} of the query, the limit is "
-                f"{limits.per_query} (max_evolutions_per_query; Spark's "
-                "spark.sql.streaming.stateStore.maxNumStateSchemaFiles)",
+                f"this would be state schema file {schema_files} of the query; with "
+                f"max_evolutions_per_query={limits.per_query} (Spark's "
+                "spark.sql.streaming.stateStore.maxNumStateSchemaFiles) Spark allows "
+                f"{limits.per_query}",
             )
         )
     if refusals:
@@ -157,13 +169,27 @@ def fields_added(old: T.StructType, new: T.StructType) -> tuple[str, ...]:
     return tuple(added)
 
 
+def _last_schema(history: list[Deployment], variable: str) -> T.StructType | None:
+    """The variable's newest recorded schema, also when the latest deployment deleted it: Spark
+    checks a variable added again against the schemas it had."""
+    for deployment in reversed(history):
+        if variable in deployment.schemas:
+            return deployment.schemas[variable]
+    return None
+
+
 def _evolution_count(history: list[Deployment], variable: str) -> int:
+    """How often the variable's schema changed between the deployments that held it.
+
+    A deletion does not reset the count: Spark reads every old schema file, so a variable added
+    again continues from its last schema number.
+    """
     count, previous = 0, None
     for deployment in history:
         current = deployment.schemas.get(variable)
-        if variable in deployment.deleted:
-            previous = None
-        if current is not None and previous is not None and current != previous:
+        if current is None:
+            continue
+        if previous is not None and current != previous:
             count += 1
         previous = current
     return count
