@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import itertools
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -27,16 +29,19 @@ from deltalake import DeltaTable
 from google.cloud import spanner
 from google.cloud.spanner_v1.data_types import JsonObject
 from google.cloud.spanner_v1.database import Database
+from pyspark.sql import types as T
 
 from emulator.bootstrap import bootstrap
 from emulator.verify import changelog_watermark
 from ingest.model.timestamps import from_datetime, to_rfc3339
 from pipeline.catalog import discover_shapes, scan
 from pipeline.config import PipelineConfig
+from pipeline.job import PipelineFailed
 from pipeline.mirror import mirror_uri
+from pipeline.state.registry import Deployment, SchemaRegistry
 from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
 from tests.pipeline_runs import configure, run
-from tests.processes import Service
+from tests.processes import Pipeline, Service
 
 pytestmark = pytest.mark.emulator
 
@@ -337,3 +342,168 @@ def test_timestamps_and_dates_of_the_whole_range_open_with_deltalake_and_spark(
     by_spark = spark.read.format("delta").load(uri).toArrow().to_pylist()
     for rows in (readme_reader, by_spark):
         assert sorted((r["id"], r["t"], r["d"]) for r in rows) == edges
+
+
+def test_a_null_in_a_composite_key_reaches_the_mirror_both_ways(spark, source: Source) -> None:
+    """Issue 24, defect 1: a NULL in a nullable key column of a composite key stopped the job
+    for good (the driver MERGE's predicate did not plan); a DATE key before year 1000 failed the
+    Spark MERGE. Inserted, updated and deleted across two batches, merged on the driver by the
+    following job and through Spark by the rebuild."""
+    source.ddl(
+        "CREATE TABLE ck_date (d DATE NOT NULL, s STRING(32), n NUMERIC NOT NULL, "
+        "b BYTES(64) NOT NULL, ts TIMESTAMP NOT NULL, v INT64) PRIMARY KEY (d, s, n, b, ts)"
+    )
+    columns = ["d", "s", "n", "b", "ts", "v"]
+    moment = dt.datetime(2026, 11, 24, 10, 0, 0, tzinfo=dt.UTC)  # whole seconds: emulator/NOTES
+    keys = [
+        (dt.date(2026, 1, 2), None, Decimal("1.5"), base64.b64encode(b"\x00"), moment),
+        (dt.date(2026, 1, 2), "x", Decimal("1.5"), base64.b64encode(b"\x00"), moment),
+        (dt.date(999, 12, 31), None, Decimal("-7"), base64.b64encode(b""), moment),
+        (dt.date(1, 1, 1), "ü", Decimal("0"), base64.b64encode(b"\xff"), moment),
+    ]
+    following = source.job("ck-following")
+    rows = [(*key, n) for n, key in enumerate(keys)]
+    source.landed(source.write(lambda b: b.insert("ck_date", columns, rows)))
+    run(spark, following)
+
+    def second(batch: Any) -> None:
+        batch.update("ck_date", columns, [(*keys[0], 10), (*keys[1], 11)])
+        batch.delete("ck_date", spanner.KeySet(keys=[list(keys[2])]))
+
+    source.landed(source.write(second))
+    run(spark, following)
+    rebuilt = configure(
+        source.folder / "ck-rebuilt", changelog_uri=str(source.changelog), local_merge_max_rows=0
+    )
+    assert run(spark, rebuilt).restarts == 0
+    for config in (following, rebuilt):
+        source.assert_mirrors_equal_spanner(config, "ck_date")
+    values = scan(DeltaTable(mirror_uri(following.mirror_root, "ck_date"))).to_pylist()
+    assert sorted((r["s"] is None, r["v"]) for r in values) == [(False, 3), (False, 11), (True, 10)]
+
+
+def test_a_nested_rename_is_confirmed_by_the_refusal_s_own_suggestion(
+    spark, source: Source
+) -> None:
+    """Issue 24, defect 2: the rename refusal names a nested field (state layout 3 nests every
+    field in ``entry_<table>``) and suggests ``confirmed_drops=<that path>``, which the option
+    parser refused. A previous deployment is recorded with ``change_stats.updates`` named
+    ``modifications``: no product version renames a field yet, so the test records it."""
+    source.ddl("CREATE TABLE renames (id INT64 NOT NULL, v INT64) PRIMARY KEY (id)")
+    source.landed(source.write(lambda b: b.insert("renames", ["id", "v"], [(1, 1), (2, 2)])))
+    config = source.job("renames")
+    run(spark, config)
+    current = _deployments(config)[-1].schemas
+    renamed = {**current, "entry_renames": _renamed_updates(current["entry_renames"])}
+    SchemaRegistry(config.checkpoint_uri).record(renamed, ())
+    source.landed(source.write(lambda b: b.update("renames", ["id", "v"], [(2, 20)])))
+    pipeline = Pipeline(source.changelog, source.folder / "renames", source.folder / "renames.log")
+
+    refused = _pipeline_cli(pipeline, "check-state-schema")
+    assert refused.returncode == 2, refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert "field 'change_stats.modifications': rename:" in line, line
+    suggestion = line.rsplit("confirmed_drops=", 1)[1]
+    assert suggestion == "entry_renames.change_stats.modifications"
+
+    confirmed = _pipeline_cli(pipeline, "check-state-schema", "--confirmed-drops", suggestion)
+    assert confirmed.returncode == 0, confirmed.stderr
+    assert "changed ['entry_renames']" in confirmed.stdout
+    ran = _pipeline_cli(
+        pipeline, "run", "--trigger", "available-now", "--confirmed-drops", suggestion
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert _deployments(config)[-1].schemas == current
+    source.assert_mirrors_equal_spanner(config, "renames")
+
+
+def test_the_evolution_limit_refuses_before_spark_and_records_nothing(
+    spark, source: Source
+) -> None:
+    """Issue 24, defect 3: the product let through the evolution Spark refuses (its limit was
+    one above Spark's); the job recorded it, added the mirror column and then failed with a
+    stack-trace line. With Spark's threshold at 3 (as the product sets it from
+    max_evolutions_per_variable), evolutions 1 and 2 run through real Spark, the 3rd is refused
+    by the product before Spark starts with one line and exit 2, nothing recorded, and real
+    Spark refuses that same evolution when the product's limit is lifted."""
+    threshold = "spark.sql.streaming.stateStore.valueStateSchemaEvolutionThreshold"
+    source.ddl("CREATE TABLE widening (id INT64 NOT NULL, c0 INT64) PRIMARY KEY (id)")
+    config = configure(
+        source.folder / "widening",
+        changelog_uri=str(source.changelog),
+        max_evolutions_per_variable=3,
+    )
+    uri = mirror_uri(config.mirror_root, "widening")
+    additions = [
+        ("c1", "STRING(MAX)", "one"),
+        ("c2", "FLOAT64", 2.5),
+        ("c3", "DATE", dt.date.today()),
+    ]
+    spark.conf.set(threshold, "3")
+    try:
+        source.landed(source.write(lambda b: b.insert("widening", ["id", "c0"], [(0, 0)])))
+        run(spark, config)
+        for n, (name, kind, value) in enumerate(additions, 1):
+            source.ddl(f"ALTER TABLE widening ADD COLUMN {name} {kind}")
+            source.landed(
+                source.write(lambda b: b.insert("widening", ["id", name], [(n, value)]))  # noqa: B023
+            )
+            if name != "c3":
+                run(spark, config)
+        assert _evolutions(config, "entry_widening") == 2
+        recorded = len(_deployments(config))
+        pipeline = Pipeline(
+            source.changelog,
+            source.folder / "widening",
+            source.folder / "widening.log",
+            PIPELINE_MAX_EVOLUTIONS_PER_VARIABLE="3",
+        )
+        refused = _pipeline_cli(pipeline, "run", "--trigger", "available-now")
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert refused.stderr.strip().splitlines() == [
+            "error: state schema change refused (1): state variable 'entry_widening': evolution "
+            "limit per variable exceeded: this would be evolution 3 of the variable; with "
+            "max_evolutions_per_variable=3 (Spark's spark.sql.streaming.stateStore."
+            "valueStateSchemaEvolutionThreshold) Spark allows 2"
+        ]
+        assert len(_deployments(config)) == recorded
+        assert "c3" not in DeltaTable(uri).schema().to_arrow().names
+        with pytest.raises(PipelineFailed, match="STATE_STORE_VALUE_SCHEMA_EVOLUTION_THRESHOLD"):
+            run(spark, replace(config, max_evolutions_per_variable=4))
+    finally:
+        spark.conf.set(threshold, PipelineConfig().max_evolutions_per_variable)
+
+
+def _renamed_updates(entry: T.StructType) -> T.StructType:
+    """``entry`` as a deployment that called ``change_stats.updates`` ``modifications``."""
+    fields = []
+    for field in entry.fields:
+        if field.name == "change_stats":
+            stats = [
+                T.StructField("modifications", f.dataType) if f.name == "updates" else f
+                for f in field.dataType.fields
+            ]
+            field = T.StructField("change_stats", T.StructType(stats))
+        fields.append(field)
+    return T.StructType(fields)
+
+
+def _deployments(config: PipelineConfig) -> list[Deployment]:
+    """As recorded now (a SchemaRegistry keeps the history it read first)."""
+    return SchemaRegistry(config.checkpoint_uri).history()
+
+
+def _evolutions(config: PipelineConfig, variable: str) -> int:
+    schemas = [d.schemas[variable] for d in _deployments(config) if variable in d.schemas]
+    return sum(a != b for a, b in itertools.pairwise(schemas))
+
+
+def _pipeline_cli(pipeline: Pipeline, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m pipeline <args>`` in the pipeline's environment, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        env=pipeline.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
