@@ -30,7 +30,7 @@ from ingest.changestream import mapper, raw_mapper
 from ingest.model.records import ChangeRecord, ColumnType, DataChangeRecord, Mod
 from tests.scripted_spanner import result_messages, row_value
 
-COLUMN_TYPES = [
+COLUMN_TYPES: list[dict[str, Any]] = [
     {"code": "INT64"},
     {"code": "STRING"},
     {"code": "TIMESTAMP"},

@@ -132,6 +132,7 @@ def main() -> int:
         env=env,
     )
     try:
+        assert server.stdout is not None
         port = int(server.stdout.readline())
         print(f"one transaction of {args.mods} mods in {args.records} data change records:")
         subprocess.run([sys.executable, __file__, "--land", str(port)], check=True, env=env)

@@ -41,6 +41,7 @@ from ingest.rules.partitions import ResumablePartitions
 from ingest.rules.resume import ResumePoint
 from pipeline.config import PipelineConfig
 from pipeline.job import JobStats, plan_deployment, spark_settings, start_query
+from pipeline.metrics import PipelineMetrics
 from pipeline.mirror import mirror_uri
 from pipeline.session import build_session
 
@@ -82,7 +83,7 @@ def run_job(spark: object, work: Path) -> list[float]:
         shuffle_partitions=2,
     )
     plan = plan_deployment(config, null_logger())
-    query = start_query(spark, config, plan, JobStats(), null_logger())
+    query = start_query(spark, config, plan, JobStats(), null_logger(), PipelineMetrics())
     query.awaitTermination()
     return [
         p["durationMs"]["triggerExecution"] / 1000
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{size}\t{kind}\t{median:.2f}\t{max(seconds):.2f}\t{built:.0f}{ratio}", flush=True
             )
             shutil.rmtree(work, ignore_errors=True)
-    spark.stop()  # type: ignore[attr-defined]
+    spark.stop()
     return 0
 
 

@@ -45,6 +45,7 @@ from ingest.rules.partitions import ResumablePartitions
 from ingest.rules.resume import ResumePoint
 from pipeline.config import PipelineConfig
 from pipeline.job import JobStats, plan_deployment, read_changes, spark_settings, start_query
+from pipeline.metrics import PipelineMetrics
 from pipeline.mirror import ensure_mirror, mirror_uri, write_batch
 from pipeline.processor import OPERATION, ChangeApplier, output_schema
 from pipeline.session import build_session
@@ -185,13 +186,21 @@ def run_variant(spark: Any, variant: str, changelog: str, work: Path) -> dict[st
 
     def merge(transform: Callable[[DataFrame], DataFrame]) -> Callable[[DataFrame, int], None]:
         def land(batch: DataFrame, batch_id: int) -> None:
-            write_batch(transform(batch), batch_id, plan.shapes, config.mirror_root, variant, log)
+            write_batch(
+                transform(batch),
+                batch_id,
+                plan.shapes,
+                config.mirror_root,
+                variant,
+                log,
+                config.local_merge_max_rows,
+            )
 
         return land
 
     started = time.monotonic()
     if variant == "row":
-        query = start_query(spark, config, plan, JobStats(), log)
+        query = start_query(spark, config, plan, JobStats(), log, PipelineMetrics())
     else:
         changes = read_changes(spark, config)
         if variant == "pandas":

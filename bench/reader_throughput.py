@@ -116,7 +116,7 @@ def latency(database, heartbeat_ms: int, seconds: float, rate: float) -> dict[st
         ReaderConfig(start_timestamp=start, heartbeat_ms=heartbeat_ms),
         make_logger(io.StringIO()),
     )
-    released_at: list[tuple[int, int, list]] = []
+    released_at: list[tuple[int, int, tuple[DataChangeRecord, ...]]] = []
 
     def on_release(release: Release) -> None:
         now = time.time_ns()

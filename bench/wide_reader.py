@@ -78,7 +78,7 @@ def run(width: int, turns: int, seconds: int, rate: int, seed: int) -> dict[str,
     args = dict(
         partitions=width, changes=changes, transactions=transactions, start=start, horizon=horizon
     )
-    topology = build_wide_topology(random.Random(seed), **args)  # type: ignore[arg-type]
+    topology = build_wide_topology(random.Random(seed), **args)
     server, port = serve(Script(topology.records_by_partition(), live=True), 4 * turns + 16)
     try:
         config = ReaderConfig(

@@ -323,7 +323,7 @@ def load_existing_rows(
         for _ in range(transfers)
     ]
     columns = ["id", "variant", *ALL_TYPES_COLUMNS]
-    typed_rows = []
+    typed_rows: list[list[Any]] = []
     for number in range(all_types):
         values = random_all_types_values(rng)
         key = [EXISTING_ALL_TYPES_IDS + number, rng.choice(["alpha", "beta"])]
@@ -336,8 +336,8 @@ def load_existing_rows(
                     ["from_account_id", "transfer_id", "to_account_id", "amount", "created_at"],
                     chunk,
                 )
-            if chunk := typed_rows[start : start + rows_per_commit]:
-                batch.insert("all_types", columns, chunk)
+            if typed_chunk := typed_rows[start : start + rows_per_commit]:
+                batch.insert("all_types", columns, typed_chunk)
     return transfers + all_types
 
 

@@ -92,11 +92,11 @@ def assert_matches_committed(
         f"printed {len(printed)} transactions, committed {len(committed)}; "
         f"missing {describe_stamps(missing, committed)}; extra {sorted(extra)}"
     )
-    for transaction in committed:
-        [candidate] = by_timestamp[transaction.commit_timestamp]
+    for written_transaction in committed:
+        [candidate] = by_timestamp[written_transaction.commit_timestamp]
         got = decoded_mods(candidate)
-        assert len(got) == len(transaction.mods), (transaction, got)
-        for written in transaction.mods:
+        assert len(got) == len(written_transaction.mods), (written_transaction, got)
+        for written in written_transaction.mods:
             matches = [
                 values
                 for table, mod_type, keys, values in got
@@ -120,7 +120,7 @@ def assert_partition_lineage(log_lines: list[dict[str, Any]]) -> dict[str, int]:
     first_run_at: dict[str, int] = {}
     splits = 0
     for position, event in enumerate(log_lines):
-        name, token = event.get("event"), event.get("partition_token")
+        name, token = event.get("event"), str(event.get("partition_token"))
         if name == "partition_created":
             assert token not in parents, f"partition {token} created twice"
             parents[token] = event["parent_partition_tokens"]

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from pyspark.sql import types as T
 
 from ingest.model.logs import null_logger
 from pipeline import job
@@ -84,3 +85,10 @@ def processed_three_ways(
     )
     assert run(spark, rebuilt).restarts == 0
     return [mirror_rows(spark, config, table, key) for config in (following, behind, rebuilt)]
+
+
+def image_of(entry: T.StructType) -> T.StructType:
+    """The row image struct of an ``entry_<table>`` state schema."""
+    image = entry["image"].dataType
+    assert isinstance(image, T.StructType)
+    return image

@@ -96,7 +96,9 @@ def background_workload(
             duration_seconds=seconds,
             transactions_per_second=rate,
             seed=seed,
-            **(weights or BANKING),
+            transfer_weight=(weights or BANKING)["transfer_weight"],
+            all_types_weight=(weights or BANKING)["all_types_weight"],
+            cleanup_weight=(weights or BANKING)["cleanup_weight"],
         ),
     )
     thread = threading.Thread(target=workload.run, args=(stop,))

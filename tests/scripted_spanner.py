@@ -45,7 +45,8 @@ from ingest.rules.partitions import INITIAL_PARTITION
 from tests.simulation import records_from
 
 
-def _type(code: TypeCode) -> Type:
+def _type(code: int) -> Type:
+    """``code`` a TypeCode: proto-plus enums type-check as plain ints."""
     return Type(code=code)
 
 
@@ -140,7 +141,7 @@ def encode(record: ChangeRecord) -> list[Any]:
                 [[c.token, list(c.parent_partition_tokens)] for c in record.child_partitions],
             ]
         ]
-    else:
+    elif isinstance(record, DataChangeRecord):
         data = [
             [
                 record.mod_type,
@@ -161,6 +162,8 @@ def encode(record: ChangeRecord) -> list[Any]:
                 record.is_system_transaction,
             ]
         ]
+    else:
+        raise ValueError(f"{type(record).__name__} is a MUTABLE_KEY_RANGE record: encode_proto")
     return _native([[heartbeat, children, data]])
 
 

@@ -272,7 +272,9 @@ def mutable_key_range_streams(
             ]
             continue
         partition = topology.partitions[token]
-        records = [r for r in stream if not isinstance(r, ChildPartitionsRecord)]
+        records: list[ChangeRecord] = [
+            r for r in stream if not isinstance(r, ChildPartitionsRecord)
+        ]
         if partition.start > topology.start:
             records.insert(0, PartitionEventRecord(partition.start, "00000000", token))
         last = partition.end if partition.end is not None else topology.end

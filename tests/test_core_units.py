@@ -218,9 +218,13 @@ class TestStreamInfo:
     def test_the_partition_mode_is_read_and_an_unknown_one_refused(self) -> None:
         from ingest.changestream.query import ChangeStreamRequestError, stream_info
 
-        mutable = [("orders", "partition_mode", "MUTABLE_KEY_RANGE")]
+        mutable: list[tuple[str, str | None, str | None]] = [
+            ("orders", "partition_mode", "MUTABLE_KEY_RANGE")
+        ]
         assert stream_info("orders", "db", mutable).mutable_key_range
-        immutable = [("orders", "partition_mode", "IMMUTABLE_KEY_RANGE")]
+        immutable: list[tuple[str, str | None, str | None]] = [
+            ("orders", "partition_mode", "IMMUTABLE_KEY_RANGE")
+        ]
         assert not stream_info("orders", "db", immutable).mutable_key_range
         assert not stream_info("orders", "db", [("orders", None, None)]).mutable_key_range
         with pytest.raises(ChangeStreamRequestError, match="partition_mode SOMETHING_NEW"):

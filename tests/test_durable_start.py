@@ -6,6 +6,7 @@ silently skipping every transaction committed in between.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pyarrow.compute as pc
 import pytest
@@ -107,7 +109,7 @@ def test_a_new_job_killed_before_its_first_commit_loses_nothing(
                 1,
                 timeout=90,
                 process=process,
-                where=lambda e, owner=owner: e["owner"] == owner and e["transactions"] > 0,
+                where=functools.partial(_landed_by, owner),
             )
             time.sleep(rng.uniform(0.0, 2.0))
             kill(process)
@@ -144,3 +146,7 @@ def test_a_new_job_killed_before_its_first_commit_loses_nothing(
     restarted_at = starts[exposed[0] + 1]
     at_stake = sum(job_start <= t.commit_timestamp < restarted_at for t in committed)
     assert at_stake >= 5, f"seed {seed}: only {at_stake} transactions at stake"
+
+
+def _landed_by(owner: str, event: dict[str, Any]) -> bool:
+    return bool(event["owner"] == owner and event["transactions"] > 0)

@@ -103,17 +103,19 @@ def live_read_omissions(
     """
     seen = {parse_rfc3339(t["commit_timestamp"]) for t in printed}
     missing = {t.commit_timestamp for t in committed} - seen
-    ranges = {}
+    starts: dict[str, int] = {}
+    ends: dict[str, int] = {}
     for event in events:
-        token = event.get("partition_token")
+        token = str(event.get("partition_token") or "")
         if event.get("event") == "partition_running" and event["attempt"] == 1:
-            ranges[token] = [parse_rfc3339(event["query_start_timestamp"]), None]
-        elif event.get("event") == "partition_finished" and token in ranges:
-            ranges[token][1] = parse_rfc3339(event["watermark"])
+            starts[token] = parse_rfc3339(event["query_start_timestamp"])
+        elif event.get("event") == "partition_finished" and token in starts:
+            ends[token] = parse_rfc3339(event["watermark"])
     query = ChangeStreamQuery(database, "all_changes", dialect, 1000)
     found = []
-    for token, (start, end) in ranges.items():
-        relevant = [m for m in missing if end is not None and start <= m <= end]
+    for token, end in ends.items():
+        start = starts[token]
+        relevant = [m for m in missing if start <= m <= end]
         if not relevant:
             continue
         for record in query.read(token or None, start, end):

@@ -125,12 +125,12 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
             process=running,
             where=lambda e: "image.nickname" in e["guarded_fields"].get("entry_accounts", ()),
         )
-        batches = pipeline.count("pipeline_batch")
-        pipeline.wait_for("pipeline_batch", batches + 1, timeout=300, process=running)
+        batches_before = pipeline.count("pipeline_batch")
+        pipeline.wait_for("pipeline_batch", batches_before + 1, timeout=300, process=running)
         scrapes += scrape_both(ingest_port, pipeline_port, changelog, after=scrapes)
         schema_restarts = {"reason": "SOURCE_SCHEMA_CHANGED"}
-        restarts = value(scrapes[3], "pipeline_query_restarts_total", **schema_restarts)
-        assert restarts and restarts >= 1, f"seed {seed}"
+        scraped_restarts = value(scrapes[3], "pipeline_query_restarts_total", **schema_restarts)
+        assert scraped_restarts and scraped_restarts >= 1, f"seed {seed}"
         time.sleep(rng.uniform(0, 3))
         running.kill()
         running.wait()

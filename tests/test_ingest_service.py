@@ -206,14 +206,14 @@ def test_a_clean_stop_hands_over_at_once_and_a_kill_does_not(new_database, tmp_p
         for process in processes:
             process.kill()
         thread.join()
-    versions = [v for v in read_versions(table) if v.checkpoint]
+    checkpoints = [v.checkpoint for v in read_versions(table) if v.checkpoint]
     owner = {
         name: next(e["owner"] for e in s.events() if e["event"] == "ingest_started")
         for name, s in (("first", first), ("second", second))
     }
-    by_first = [v.checkpoint for v in versions if v.checkpoint.owner == owner["first"]]
-    by_second = [v.checkpoint for v in versions if v.checkpoint.owner == owner["second"]]
-    assert {v.checkpoint.owner for v in versions} == set(owner.values())
+    by_first = [c for c in checkpoints if c.owner == owner["first"]]
+    by_second = [c for c in checkpoints if c.owner == owner["second"]]
+    assert {c.owner for c in checkpoints} == set(owner.values())
     assert by_first[-1].lease_released and not any(c.lease_released for c in by_first[:-1])
     assert not any(c.lease_released for c in by_second)
     handover_s = (by_second[0].committed_at - by_first[-1].committed_at) / 1e9

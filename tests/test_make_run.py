@@ -45,10 +45,10 @@ def test_make_run_ends_with_pass(spanner_emulator: str, tmp_path: Path) -> None:
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert re.search(r"mirrors equal Spanner\s+PASS", result.stdout), output[-4000:]
-    snapshot = int(re.search(r"snapshot at T0\s+(\d+) rows", result.stdout)[1])
+    snapshot = int(_found(r"snapshot at T0\s+(\d+) rows", result.stdout))
     assert snapshot >= 100 + 1000 + 100, "the accounts, transfers and all_types rows held at T0"
-    committed = int(re.search(r"transactions after T0\s+(\d+)", result.stdout)[1])
-    landed = int(re.search(r"transactions landed\s+(\d+)", result.stdout)[1])
+    committed = int(_found(r"transactions after T0\s+(\d+)", result.stdout))
+    landed = int(_found(r"transactions landed\s+(\d+)", result.stdout))
     # 15 s at 10/s; the seconds before the service's T0 are in the snapshot, not transactions
     assert committed == landed >= 50
     assert re.search(r"pipeline batches\s+[1-9]", result.stdout)
@@ -87,3 +87,9 @@ def test_a_commit_is_visible_when_the_first_batch_at_or_past_it_ends() -> None:
     assert pipeline_latencies(commits, batches, landings) == [0.5, 0.5, 5.0]
     assert freshness(batches, parse_rfc3339(at(12.25))) == ", mirrors fresh to 2.2 s ago"
     assert freshness([], parse_rfc3339(at(12.25))) == ""
+
+
+def _found(pattern: str, text: str) -> str:
+    match = re.search(pattern, text)
+    assert match is not None, f"no {pattern!r} in the summary"
+    return match[1]

@@ -29,7 +29,7 @@ from pipeline.processor import output_schema
 from pipeline.state.checkpoint import CheckpointInUse, CheckpointLock, checkpoint_id
 from pipeline.state.registry import SchemaRegistry
 from tests.builders import ACCOUNTS, START, ChangeLog
-from tests.pipeline_runs import configure, mirror_rows, processed_three_ways, run
+from tests.pipeline_runs import configure, image_of, mirror_rows, processed_three_ways, run
 
 EMAIL = ColumnType("email", {"code": "STRING"}, False, 4)
 BRANCHES = (
@@ -105,7 +105,7 @@ def test_metrics_follow_what_spark_reports_and_the_mirrors_received(spark, tmp_p
     assert value("pipeline_query_running") == 0
     assert value("pipeline_batches_total") == stats.batches >= 1
     assert value("pipeline_batch_duration_seconds_count") == stats.batches
-    assert value("pipeline_batch_duration_seconds_sum") > 0
+    assert (value("pipeline_batch_duration_seconds_sum") or 0) > 0
     assert value("pipeline_rows_merged_total", {"table": "accounts"}) == stats.rows_merged >= 3
     assert value("pipeline_state_rows") == 3  # keys 1 and 3, and key 2's tombstone
     assert value("pipeline_changelog_files_outstanding") == 0
@@ -114,7 +114,7 @@ def test_metrics_follow_what_spark_reports_and_the_mirrors_received(spark, tmp_p
         == SchemaRegistry(config.checkpoint_uri).history()[-1].number
     )
     assert value("pipeline_newest_commit_applied_seconds") == parse_rfc3339(newest) / 1e9
-    assert value("pipeline_freshness_lag_seconds") > 0
+    assert (value("pipeline_freshness_lag_seconds") or 0) > 0
     assert value("pipeline_query_restarts_total", {"reason": "SOURCE_SCHEMA_CHANGED"}) is None
     assert value("pipeline_batch_running_seconds") == 0
 
@@ -263,7 +263,7 @@ def test_a_new_spanner_column_evolves_state_and_mirror_even_if_the_next_batch_fa
     assert rows[3]["email"] is None
     history = SchemaRegistry(config.checkpoint_uri).history()
     assert [d.number for d in history] == [1, 2]
-    assert "email" in history[1].schemas["entry_accounts"]["image"].dataType.fieldNames()
+    assert "email" in image_of(history[1].schemas["entry_accounts"]).fieldNames()
 
 
 def test_without_the_guard_the_open_source_bug_loses_the_new_field(
@@ -306,7 +306,7 @@ def test_a_string_column_turned_bytes_widens_state_and_rewrites_the_mirror(
     changelog.land()
     run(spark, config)
     history = SchemaRegistry(config.checkpoint_uri).history()
-    image = history[-1].schemas["entry_accounts"]["image"].dataType
+    image = image_of(history[-1].schemas["entry_accounts"])
     assert image["owner"].dataType.simpleString() == "binary"
     rows = mirror_rows(spark, config)
     assert rows[5]["owner"] == bytearray(b"\x00zed")
@@ -492,7 +492,7 @@ def test_a_column_dropped_and_added_again_with_another_type_is_a_new_generation(
     assert fields is not None
     assert [
         (f.name, f.dataType.simpleString())
-        for f in fields.schemas["entry_accounts"]["image"].dataType.fields[3:]
+        for f in image_of(fields.schemas["entry_accounts"]).fields[3:]
     ] == [("ratio", "double"), ("ratio__g2", "float"), ("ratio__g3", "double")]
 
 
@@ -512,8 +512,8 @@ def test_a_schema_row_showing_a_drop_restarts_a_running_job_and_nulls_the_column
     changelog.commit(("accounts", "UPDATE", {"account_id": "3"}, {"balance": "8"}))
     changelog.land(watched={"accounts": without_owner})
     plans = iter([planned_before])
-    monkeypatch.setattr(job, "discover_shapes", lambda uri: next(plans, None) or real(uri))
     real = pipeline_catalog.discover_shapes
+    monkeypatch.setattr(job, "discover_shapes", lambda uri: next(plans, None) or real(uri))
     stats = run(spark, config)
     assert stats.restarts == 1
     assert mirror_rows(spark, config) == {

@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any
 
 import pytest
 from google.api_core import exceptions as api_exceptions
@@ -64,7 +65,7 @@ def run_reader(
     end: Nanos,
     wall_clock: Callable[[], Nanos] = time.time_ns,
     **config: object,
-) -> tuple[list[Transaction], list[dict], list[Nanos]]:
+) -> tuple[list[Transaction], list[MutableMapping[str, Any]], list[Nanos]]:
     log, events = captured_logger()
     reader = ChangeStreamReader(
         source,  # type: ignore[arg-type]
@@ -277,7 +278,9 @@ class StallingSource:
             yield data_record(ts, f"tx{ts}", 0, 1)
 
 
-def stalling_reader(source: StallingSource) -> tuple[ChangeStreamReader, list[dict]]:
+def stalling_reader(
+    source: StallingSource,
+) -> tuple[ChangeStreamReader, list[MutableMapping[str, Any]]]:
     log, events = captured_logger()
     config = ReaderConfig(
         start_timestamp=1000,

@@ -15,6 +15,7 @@ from ingest.changestream.query import ChangeStreamQuery
 from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
 from ingest.changestream.retries import RetryPolicy
 from ingest.model.records import (
+    ChangeRecord,
     ChildPartition,
     ChildPartitionsRecord,
     ColumnType,
@@ -207,7 +208,7 @@ def test_full_precision_values_pass_through(serve, mutable_key_range: bool) -> N
         if mutable_key_range
         else ChildPartitionsRecord(start, "0", (ChildPartition("p", ()),))
     )
-    streams = {INITIAL_PARTITION: [announce], "p": [data]}
+    streams: dict[str, list[ChangeRecord]] = {INITIAL_PARTITION: [announce], "p": [data]}
     _, source = serve(Script(streams, mutable_key_range=mutable_key_range))
     [transaction], _ = read_all(source, start, end)
     assert transaction.records == (data,)
@@ -258,7 +259,7 @@ def test_values_the_emulator_loses_reach_mirror_values_at_full_fidelity(serve) -
         column_types=columns,
         mods=(Mod({"id": "1"}, {n: v for n, (_, v, _) in sent.items()}, {}),),
     )
-    streams = {
+    streams: dict[str, list[ChangeRecord]] = {
         INITIAL_PARTITION: [ChildPartitionsRecord(start, "0", (ChildPartition("p", ()),))],
         "p": [data],
     }

@@ -44,10 +44,10 @@ class FakeSink:
         self.commits.append((list(chunks), progress))
 
 
-def reader(tables: dict[str, int], chunk_rows: int):  # type: ignore[no-untyped-def]
+def reader(tables: dict[str, int], chunk_rows: int):
     def read(
         table: str, columns, read_timestamp: int, after: Key | None
-    ) -> Iterator[SnapshotChunk]:  # type: ignore[no-untyped-def]
+    ) -> Iterator[SnapshotChunk]:
         assert read_timestamp == T0
         first = 0 if after is None else int(after[0]) + 1
         rows: list[tuple[str, str]] = []
@@ -107,7 +107,7 @@ def test_every_row_lands_once_through_crashes_at_any_commit(
 def test_a_failing_table_read_stops_the_snapshot_with_its_error() -> None:
     def read(
         table: str, columns, read_timestamp: int, after: Key | None
-    ) -> Iterator[SnapshotChunk]:  # type: ignore[no-untyped-def]
+    ) -> Iterator[SnapshotChunk]:
         if table == "bad":
             raise PermissionError("no read permission on table bad")
         yield SnapshotChunk(table, (ID,), [], None, done=True)

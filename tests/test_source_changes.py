@@ -479,6 +479,7 @@ def _renamed_updates(entry: T.StructType) -> T.StructType:
     fields = []
     for field in entry.fields:
         if field.name == "change_stats":
+            assert isinstance(field.dataType, T.StructType)
             stats = [
                 T.StructField("modifications", f.dataType) if f.name == "updates" else f
                 for f in field.dataType.fields

@@ -13,6 +13,7 @@ import sys
 import time
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import fastavro
 import pytest
@@ -36,6 +37,7 @@ from pipeline.state.variables import (
 )
 from pipeline.types import Interval, merge_shapes, spark_value
 from tests.builders import ChangeLog
+from tests.pipeline_runs import image_of
 
 
 def struct(**fields: T.DataType) -> T.StructType:
@@ -179,7 +181,8 @@ def test_the_registry_records_spark_and_avro_schemas(tmp_path: Path) -> None:
     assert reread[0].schemas == V1 and second.number == 2
     document = json.loads((tmp_path / "checkpoint/_state_schemas/000001.json").read_text())
     avro = document["variables"]["b"]["avro"]
-    assert fastavro.parse_schema(avro)["type"] == "record"
+    parsed = fastavro.parse_schema(avro)
+    assert isinstance(parsed, dict) and parsed["type"] == "record"
     assert [f["name"] for f in avro["fields"]] == ["x", "tags"]
 
 
@@ -234,7 +237,7 @@ def test_state_schemas_follow_the_spanner_type_mapping() -> None:
         "array<bigint>",
     ]
     schemas = state_schemas(shapes)
-    row = schemas["entry_t"]["image"].dataType
+    row = image_of(schemas["entry_t"])
     # State layout 2: STRING kept as bytes (STRING↔BYTES never touches state), arrays as JSON
     # text (Spark's Avro state refuses NULL elements).
     assert [f.dataType.simpleString() for f in row.fields] == [
@@ -278,7 +281,7 @@ def test_a_layout_2_checkpoint_keeps_its_variables_as_recorded() -> None:
     schemas = state_schemas(shapes, recorded)
     assert set(schemas) == {*recorded, "entry_accounts"}
     assert schemas["row_accounts"] == recorded["row_accounts"]
-    assert "email" in schemas["entry_accounts"]["image"].dataType.fieldNames()
+    assert "email" in image_of(schemas["entry_accounts"]).fieldNames()
     evolution = check_evolution([Deployment(1, recorded, layout=2)], schemas)
     assert evolution.added_variables == ("entry_accounts",)
     assert evolution.removed_variables == ()
@@ -302,7 +305,7 @@ def test_mod_values_become_values_of_the_mapped_spark_type() -> None:
 
 
 def test_a_spanner_read_and_a_mirror_row_compare_in_one_form() -> None:
-    pairs = [
+    pairs: list[tuple[dict[str, Any], Any, Any]] = [
         ({"code": "BYTES"}, b"aGk=", b"hi"),
         ({"code": "NUMERIC"}, Decimal("1.5"), Decimal("1.500000000")),
         ({"code": "JSON"}, JsonObject({"b": [1, 2], "a": None}), '{"a":null,"b":[1,2]}'),

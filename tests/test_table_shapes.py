@@ -189,7 +189,7 @@ def oracle(rows: list[Row]) -> tuple[list[tuple[str, T.DataType]], str | None]:
         if "tier" in types:
             if schema:
                 continue
-            label: Label = state_type(types["tier"])
+            label = state_type(types["tier"])
             if label != previous:
                 lives.append((at(second) if lives else "", label))
             previous, dropped = label, None

@@ -39,7 +39,7 @@ def snapshot_table(port: int, table: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def existing_transfer_keys(database, count: int) -> list[tuple[int, str]]:  # type: ignore[no-untyped-def]
+def existing_transfer_keys(database, count: int) -> list[tuple[int, str]]:
     """Keys of rows loaded before the job started (the workload never touches them)."""
     with database.snapshot() as snapshot:
         rows = snapshot.execute_sql(
@@ -50,7 +50,7 @@ def existing_transfer_keys(database, count: int) -> list[tuple[int, str]]:  # ty
         return [(row[0], row[1]) for row in rows]
 
 
-def spanner_keys(database) -> list[str]:  # type: ignore[no-untyped-def]
+def spanner_keys(database) -> list[str]:
     """transfers' keys now, spelled as the change log spells them."""
     with database.snapshot() as snapshot:
         rows = snapshot.execute_sql("SELECT from_account_id, transfer_id FROM transfers")
@@ -65,7 +65,7 @@ def wait_for_watermark(changelog: Path, at_least: int, timeout: float) -> None:
         time.sleep(0.5)
 
 
-def mirror_and_compare(pipeline: Pipeline, changelog: Path, database, root: Path):  # type: ignore[no-untyped-def]
+def mirror_and_compare(pipeline: Pipeline, changelog: Path, database, root: Path):
     catch_up = pipeline.start("--trigger", "available-now")
     assert catch_up.wait(timeout=600) == 0, pipeline.log.read_text()[-3000:]
     _, comparisons = compare_at_watermark(database, str(changelog), str(root / "mirrors"))

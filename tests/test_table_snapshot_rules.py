@@ -33,12 +33,12 @@ class Crash(Exception):
     pass
 
 
-def spanner_reader(rows_at_t1: dict[int, int], chunk_rows: int):  # type: ignore[no-untyped-def]
+def spanner_reader(rows_at_t1: dict[int, int], chunk_rows: int):
     """Reads Spanner's rows at T1 in key order after a key, as ``read_table`` does."""
 
     def read(
         table: str, columns, read_timestamp: int, after: Key | None
-    ) -> Iterator[SnapshotChunk]:  # type: ignore[no-untyped-def]
+    ) -> Iterator[SnapshotChunk]:
         keys = [k for k in sorted(rows_at_t1) if after is None or k > int(after[0])]
         last: Key | None = after
         rows: list[tuple[str, str]] = []
@@ -218,7 +218,7 @@ def test_a_table_snapshot_that_cannot_finish_is_abandoned_and_the_stream_goes_on
     log.land()
     logger, events = captured_logger()
 
-    def dropped_table(table: str, columns, read_timestamp: int, after: Key | None):  # type: ignore[no-untyped-def]
+    def dropped_table(table: str, columns, read_timestamp: int, after: Key | None):
         yield SnapshotChunk(table, columns, [(key_json(1), value_json(5))], ("1",), done=False)
         raise LookupError("table accounts was dropped")
 
