@@ -53,6 +53,11 @@ def run_case(rate: float, merge: str, seconds: float, existing_rows: int, folder
     if result.returncode != 0:
         raise SystemExit(f"make run failed ({merge}, {rate}/s):\n{result.stdout[-3000:]}")
     summary = json.loads((folder / "summary.json").read_text())
+    if summary.get("mirror_p50_s") is None:
+        raise SystemExit(
+            f"no commit reached a mirror after the pipeline's first batch ({merge}, {rate}/s, "
+            f"{seconds:g} s): run longer than the first batch takes (about 30 s here)"
+        )
     summary["wall_s"] = time.monotonic() - began
     return summary
 

@@ -23,11 +23,14 @@ LONGEST_FIRST = (
     "test_pipeline.py",
     "test_end_to_end.py",
     "test_pipeline_properties.py",
+    "test_bench_smoke_spark.py",
     "test_wide_streams.py",
     "test_table_snapshot.py",
     "test_emulator_reader.py",
     "test_make_run.py",
     "test_ingest_service.py",
+    "test_mirror_keys.py",
+    "test_bench_smoke.py",
 )
 """Test files that take minutes on two cores (CI's --durations), longest first. ``make test``
 hands files to its two workers in collection order (``--no-loadscope-reorder``): started first,

@@ -29,7 +29,6 @@ from pipeline.mirror import create_mirror, mirror_uri, write_batch
 from pipeline.processor import OPERATION, output_schema
 from pipeline.state.variables import row_variable
 from pipeline.types import TableShape
-from tests.pipeline_runs import spark  # noqa: F401  (the module's Spark session)
 
 TABLE = "ck"
 NAMES = ("select", "Order", "from", "key", "AND", "null", "Is", "t", "s", "Group", "distinct")
@@ -132,7 +131,7 @@ def the_issue_s_table() -> tuple[TableShape, list[dict[tuple, int | None]]]:
 @given(history=histories())
 @example(history=the_issue_s_table())
 def test_any_primary_key_merges_to_the_model_on_the_driver_and_through_spark(
-    spark,  # noqa: F811
+    spark,
     tmp_path_factory: pytest.TempPathFactory,
     history: tuple[TableShape, list[dict[tuple, int | None]]],
 ) -> None:

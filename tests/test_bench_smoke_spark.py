@@ -1,0 +1,32 @@
+"""The bench scripts that start Spark, at a smoke size (see ``tests/test_bench_smoke.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_bench_smoke import assert_figures, run_script
+
+SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
+    "pipeline_throughput.py": (
+        ["--sizes", "600:60", "--batches", "2", "--variants", "row,stateless"],
+        r"^600\t60\tstateless\t[\d,]+\t",
+    ),
+    "mirror_size_end_to_end.py": (
+        ["--sizes", "2000", "--batches", "2", "--kinds", "ordered", "--file-rows", "1000"],
+        r"^2000\tordered\t[\d.]+\t",
+    ),
+    "snapshot_throughput.py": (
+        ["--sizes", "300", "--workers", "1"],
+        r"ratio service/bare: \d+\.\d\d",
+    ),
+    "mirror_latency.py": (
+        ["--seconds", "45", "--existing-rows", "20", "--cases", "5:driver"],
+        r"^5\tdriver\t\d+\t\d+\t[\d.]+\t[\d.]+\t",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPARK_SCRIPTS))
+def test_the_spark_bench_script_runs_at_smoke_size(name: str) -> None:
+    args, pattern = SPARK_SCRIPTS[name]
+    assert_figures(name, run_script(name, args, timeout=600), pattern)
