@@ -1,9 +1,10 @@
 """Command line: ``python -m ingest tail`` prints whole, ordered transactions as JSON lines;
 ``python -m ingest run`` lands them in a Delta change-log table, exactly once;
+``python -m ingest audit`` reads a past window again and compares it with the change log;
 ``python -m ingest snapshot-table`` asks a running service to snapshot tables again.
 
 Every bad input ends with one ``error:`` line on stderr and a non-zero exit: 2 for a request that
-cannot be valid, 1 for a failure while running.
+cannot be valid, 1 for a failure while running; ``audit`` exits 3 when it finds a difference.
 """
 
 from __future__ import annotations
@@ -33,11 +34,14 @@ from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
 from ingest.rules.assembler import IncompleteTransactionError, InconsistentTransactionError
 from ingest.rules.resume import Release
 from ingest.service import config as config_module
+from ingest.service.audit import AuditWindowError, audit, newest_watermark
 from ingest.service.run import run_service
 from ingest.service.snapshot import SnapshotOutOfReach
 
 EXIT_RUNTIME_ERROR = 1
 EXIT_BAD_INPUT = 2
+EXIT_DIFFERENCES = 3
+"""``audit`` found transactions missing, extra or differing."""
 
 
 class UsageError(ValueError):
@@ -62,34 +66,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m ingest", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     tail = commands.add_parser("tail", help="print committed transactions as JSON lines")
-    env = os.environ.get
-    tail.add_argument("--project", default=env("SPANNER_PROJECT", "local-project"))
-    tail.add_argument("--instance", default=env("SPANNER_INSTANCE", "local-instance"))
-    tail.add_argument("--database", default=env("SPANNER_DATABASE", "bank"))
-    tail.add_argument("--stream", default=env("SPANNER_CHANGE_STREAM", "all_changes"))
-    tail.add_argument(
-        "--dialect", choices=["auto", *(d.value for d in query.Dialect)], default="auto"
-    )
-    tail.add_argument("--heartbeat-ms", type=int, default=1000)
-    tail.add_argument(
-        "--start-timestamp", type=_timestamp, default="now", help="RFC 3339 or 'now' (default)"
-    )
+    _stream_arguments(tail, start_default="now")
     tail.add_argument(
         "--end-timestamp",
         type=_timestamp,
         default=None,
         help="RFC 3339; stop once everything up to it is printed",
     )
-    tail.add_argument("--max-concurrent-partitions", type=int, default=512)
-    tail.add_argument("--memory-budget-mb", type=int, default=256)
-    tail.add_argument("--stats-interval-s", type=float, default=10.0)
-    tail.add_argument(
-        "--query-window-s",
-        type=float,
-        default=120.0,
-        help="each partition query ends this long after it starts, then runs again",
+    audit = commands.add_parser(
+        "audit",
+        help="read a past window of the stream again and compare it with the change log",
     )
-    tail.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _stream_arguments(audit, start_default=None)
+    audit.add_argument(
+        "--end-timestamp",
+        type=_timestamp,
+        default=None,
+        help="RFC 3339; default: the change log's low watermark",
+    )
+    audit.add_argument(
+        "--changelog",
+        default=os.environ.get("INGEST_TABLE_URI"),
+        required=os.environ.get("INGEST_TABLE_URI") is None,
+        help="the change-log table (default $INGEST_TABLE_URI)",
+    )
     run = commands.add_parser(
         "run", help="land the change stream in a Delta change-log table (long-running)"
     )
@@ -105,10 +105,44 @@ def build_parser() -> argparse.ArgumentParser:
     again.add_argument("--table", action="append", required=True, help="repeat for more tables")
     again.add_argument(
         "--url",
-        default=f"http://127.0.0.1:{env('INGEST_HEALTH_PORT', '8080')}",
+        default=f"http://127.0.0.1:{os.environ.get('INGEST_HEALTH_PORT', '8080')}",
         help="the service's health port (default http://127.0.0.1:$INGEST_HEALTH_PORT or 8080)",
     )
     return parser
+
+
+def _stream_arguments(command: argparse.ArgumentParser, start_default: str | None) -> None:
+    """What ``tail`` and ``audit`` read: the stream, and how its partitions are queried."""
+    env = os.environ.get
+    command.add_argument("--project", default=env("SPANNER_PROJECT", "local-project"))
+    command.add_argument("--instance", default=env("SPANNER_INSTANCE", "local-instance"))
+    command.add_argument("--database", default=env("SPANNER_DATABASE", "bank"))
+    command.add_argument("--stream", default=env("SPANNER_CHANGE_STREAM", "all_changes"))
+    command.add_argument(
+        "--dialect", choices=["auto", *(d.value for d in query.Dialect)], default="auto"
+    )
+    command.add_argument("--heartbeat-ms", type=int, default=1000)
+    if start_default is None:
+        command.add_argument("--start-timestamp", type=_timestamp, required=True, help="RFC 3339")
+    else:
+        command.add_argument(
+            "--start-timestamp",
+            type=_timestamp,
+            default=start_default,
+            help=f"RFC 3339 or 'now' (default {start_default})",
+        )
+    command.add_argument("--max-concurrent-partitions", type=int, default=512)
+    command.add_argument("--memory-budget-mb", type=int, default=256)
+    command.add_argument("--stats-interval-s", type=float, default=10.0)
+    command.add_argument(
+        "--query-window-s",
+        type=float,
+        default=120.0,
+        help="each partition query ends this long after it starts, then runs again",
+    )
+    command.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
 
 
 @dataclass(frozen=True)
@@ -235,6 +269,20 @@ def run_tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def run_audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Exit 0 when the window agrees, EXIT_DIFFERENCES when it does not."""
+    log = make_logger(err, args.log_level).bind(command="audit", stream=args.stream)
+    if args.end_timestamp is None:
+        args.end_timestamp = newest_watermark(args.changelog)
+    request = prepare_tail(args)
+    report = audit(args.changelog, request.source, request.config, log, _stop_on_signals())
+    out.write(report.summary() + "\n")
+    for difference in report.differences:
+        out.write(f"{difference}\n")
+    out.flush()
+    return EXIT_DIFFERENCES if report.differences else 0
+
+
 def _one_line(error: BaseException) -> str:
     text = getattr(error, "message", None) or str(error)
     return " ".join(str(text).split())
@@ -252,6 +300,8 @@ def main(
             return run_ingest(args, out)
         if args.command == "snapshot-table":
             return request_table_snapshot(args, out)
+        if args.command == "audit":
+            return run_audit(args, out, err)
         return run_tail(args, out, err)
     except (
         UsageError,
@@ -259,6 +309,7 @@ def main(
         config_module.ConfigError,
         SnapshotOutOfReach,
         SnapshotRequestRefused,
+        AuditWindowError,
     ) as error:
         print(f"error: {_one_line(error)}", file=err)
         return EXIT_BAD_INPUT
