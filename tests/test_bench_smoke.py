@@ -39,6 +39,10 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
         ["--backlog", "60", "--live-seconds", "3", "--rate", "10"],
         r"ratio reader/bare: \d+\.\d\d",
     ),
+    "live_audit.py": (
+        ["--repeats", "1", "--seconds", "3", "--rate", "10"],
+        r"^0\t30\t\d+\t\d+\t\d+\t",
+    ),
     "ingest_throughput.py": (
         ["--backlog", "60", "--live-seconds", "3", "--rate", "10"],
         r"commit→Delta-visible p50 \d+ ms",

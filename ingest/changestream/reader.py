@@ -29,7 +29,7 @@ import structlog
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential_jitter
 
 from ingest.changestream.retries import RetryPolicy, StreamEndedEarly, is_transient
-from ingest.model.records import ChangeRecord, HeartbeatRecord
+from ingest.model.records import ChangeRecord, DataChangeRecord, HeartbeatRecord
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 from ingest.rules.coordinator import Coordinator
 from ingest.rules.partitions import (
@@ -512,6 +512,14 @@ class ChangeStreamReader:
                 None if token == INITIAL_PARTITION else token, query_start, end
             )
             for record in records:
+                if isinstance(record, DataChangeRecord):
+                    self._log.debug(
+                        "record_received",
+                        partition_token=token,
+                        commit_timestamp=to_rfc3339(record.commit_timestamp),
+                        server_transaction_id=record.server_transaction_id,
+                        record_sequence=record.record_sequence,
+                    )
                 if stopped():
                     return _Outcome.FINISHED
                 if self._gate.wait_turn(progress.watermark, self._workers_stop):
@@ -536,6 +544,12 @@ class ChangeStreamReader:
                 # with lost transactions there).
                 progress.watermark = max(progress.watermark, end)
                 self._emit(_RecordRead(token, generation, HeartbeatRecord(end)))
+                self._log.debug(
+                    "catch_up_end_proven",
+                    partition_token=token,
+                    query_start_timestamp=to_rfc3339(query_start),
+                    end_timestamp=to_rfc3339(end),
+                )
                 outcome = _Outcome.WINDOW_CLOSED
             elif progress.watermark > watermark_before:
                 outcome = _Outcome.WINDOW_CLOSED

@@ -1,0 +1,187 @@
+"""A live stream audited after the fact, with every missing transaction classified (issue 25).
+
+Each repeat, on a fresh database of a fresh emulator: the ingest service reads the stream from
+now (debug logs: every data record the client handed the reader, every end a catching-up query's
+clean close proved), single-row transactions commit at ``--rate`` for ``--seconds``, the service
+drains and stops, and ``ingest.service.audit`` reads the window again with bounded catch-up
+queries. A transaction committed but not in the change log is then:
+
+- ``product dropped it``: the client handed the reader one of its records (a product loss);
+- ``live query never sent it, re-read has it``: the emulator's live query skipped it, and the
+  note says whether a catching-up query's clean close proved past it (the rule the reader
+  trusts) or a record or heartbeat did;
+- ``never sent, not even on re-read``.
+
+Usage: python bench/live_audit.py [--repeats 10] [--seconds 60] [--rate 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from google.cloud import spanner
+
+from emulator.bootstrap import bootstrap
+from emulator.server import emulator
+from emulator.verify import changelog_watermark
+from ingest.changestream.query import ChangeStreamQuery, Dialect
+from ingest.changestream.reader import ReaderConfig
+from ingest.model.logs import make_logger
+from ingest.model.timestamps import Nanos, from_datetime, parse_rfc3339, to_rfc3339
+from ingest.service.audit import changelog_digests, stream_digests
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def commit_at_rate(database: Any, rate: float, seconds: float) -> list[Nanos]:
+    """Single-row blind writes on a fixed schedule; their commit timestamps."""
+    committed: list[Nanos] = []
+    began = time.monotonic()
+    for n in range(int(rate * seconds)):
+        delay = began + n / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        with database.batch() as batch:
+            batch.insert("ticks", ["id", "n"], [(n, n)])
+        committed.append(from_datetime(batch.committed))
+    return committed
+
+
+def run_service(database_id: str, changelog: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "SPANNER_DATABASE": database_id,
+        "INGEST_TABLE_URI": str(changelog),
+        "INGEST_SNAPSHOT_MODE": "never",
+        "INGEST_HEALTH_PORT": "0",
+        "INGEST_LOG_LEVEL": "debug",
+    }
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "ingest", "run"],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def events(log: Path) -> list[dict[str, Any]]:
+    lines = log.read_text(errors="replace").splitlines()
+    return [json.loads(line) for line in lines if line.startswith('{"')]
+
+
+def classify(
+    missing: list[Nanos], logged: list[dict[str, Any]], reread: set[str]
+) -> dict[str, str]:
+    received = {e["commit_timestamp"] for e in logged if e["event"] == "record_received"}
+    proven = [
+        (parse_rfc3339(e["query_start_timestamp"]), parse_rfc3339(e["end_timestamp"]))
+        for e in logged
+        if e["event"] == "catch_up_end_proven"
+    ]
+    verdicts = {}
+    for timestamp in missing:
+        text = to_rfc3339(timestamp)
+        if text in received:
+            verdicts[text] = "product dropped it"
+        elif text in reread:
+            by_close = any(start <= timestamp <= end for start, end in proven)
+            how = "a catching-up query's clean close" if by_close else "a record or heartbeat"
+            verdicts[text] = f"live query never sent it, re-read has it (passed by {how})"
+        else:
+            verdicts[text] = "never sent, not even on re-read"
+    return verdicts
+
+
+def repeat(client: spanner.Client, number: int, rate: float, seconds: float, work: Path) -> dict:
+    database = bootstrap(client, database_id=f"audit{number}_{os.getpid() % 10000}", accounts=0)
+    operation = database.update_ddl(
+        ["CREATE TABLE ticks (id INT64 NOT NULL, n INT64) PRIMARY KEY (id)"]
+    )
+    operation.result(120)
+    changelog, log = work / f"changelog-{number}", work / f"ingest-{number}.log"
+    process = run_service(database.database_id, changelog, log)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(e["event"] == "ingest_started" for e in events(log)):
+            assert process.poll() is None, log.read_text()[-2000:]
+            assert time.monotonic() < deadline, "the service did not start in 60 s"
+            time.sleep(0.1)
+        committed = commit_at_rate(database, rate, seconds)
+        deadline = time.monotonic() + 120
+        while landed_watermark(changelog) < committed[-1]:
+            assert time.monotonic() < deadline, "the change log did not pass the last commit"
+            time.sleep(0.2)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    start, end = committed[0], committed[-1]
+    landed = {key[0] for key in changelog_digests(str(changelog), start, end).by_transaction}
+    missing = [t for t in committed if to_rfc3339(t) not in landed]
+    config = ReaderConfig(start_timestamp=start, end_timestamp=end, heartbeat_ms=1000)
+    source = ChangeStreamQuery(database, "all_changes", Dialect.GOOGLE_STANDARD_SQL, 1000)
+    reread = stream_digests(source, config, make_logger(io.StringIO()), threading.Event())
+    return {
+        "committed": len(committed),
+        "landed": len(landed),
+        "reread": len(reread.by_transaction),
+        "verdicts": classify(missing, events(log), {k[0] for k in reread.by_transaction}),
+    }
+
+
+def landed_watermark(changelog: Path) -> Nanos:
+    watermark = changelog_watermark(str(changelog))
+    return -1 if watermark is None else watermark.low_watermark
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--rate", type=float, default=50.0)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("GOOGLE_CLOUD_SPANNER_MULTIPLEXED_SESSIONS", "false")
+    work = Path(tempfile.mkdtemp(prefix="live-audit-"))
+    print(
+        f"# {time.strftime('%Y-%m-%d')} {platform.node()} {os.cpu_count()} cores; "
+        f"{args.repeats} x {args.seconds:g} s at {args.rate:g} single-row transactions/s"
+    )
+    print("repeat\tcommitted\tlanded\tre-read\tmissing\tclassified")
+    totals: Counter[str] = Counter()
+    for number in range(args.repeats):
+        with emulator() as running:
+            os.environ["SPANNER_EMULATOR_HOST"] = running.host_port
+            client = spanner.Client(project="local-project")
+            result = repeat(client, number, args.rate, args.seconds, work)
+        verdicts = result["verdicts"]
+        totals.update(verdicts.values())
+        kinds = Counter(verdicts.values())
+        print(
+            f"{number}\t{result['committed']}\t{result['landed']}\t{result['reread']}\t"
+            f"{len(verdicts)}\t{dict(kinds) or '-'}",
+            flush=True,
+        )
+        for timestamp, verdict in sorted(verdicts.items()):
+            print(f"#   {timestamp}: {verdict}", flush=True)
+    print(f"missing transactions by cause: {dict(totals) or 'none'}")
+    print(json.dumps({"work": str(work)}))
+    return 1 if totals["product dropped it"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
