@@ -27,6 +27,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MERGE_LIMITS = {"driver": "50000", "spark": "0"}
+FIGURES = (
+    "mirror_p50_s",
+    "mirror_p99_s",
+    "changelog_to_mirror_p50_s",
+    "changelog_to_mirror_p99_s",
+    "first_batch_s",
+    "lag_p50_s",
+    "lag_p99_s",
+)
+
+
+def _seconds(value: float | None) -> str:
+    """A figure the run could not measure (no commit after the first batch) prints as -."""
+    return "-" if value is None else f"{value:.2f}"
 
 
 def run_case(rate: float, merge: str, seconds: float, existing_rows: int, folder: Path) -> dict:
@@ -53,11 +67,6 @@ def run_case(rate: float, merge: str, seconds: float, existing_rows: int, folder
     if result.returncode != 0:
         raise SystemExit(f"make run failed ({merge}, {rate}/s):\n{result.stdout[-3000:]}")
     summary = json.loads((folder / "summary.json").read_text())
-    if summary.get("mirror_p50_s") is None:
-        raise SystemExit(
-            f"no commit reached a mirror after the pipeline's first batch ({merge}, {rate}/s, "
-            f"{seconds:g} s): run longer than the first batch takes (about 30 s here)"
-        )
     summary["wall_s"] = time.monotonic() - began
     return summary
 
@@ -82,13 +91,20 @@ def main(argv: list[str] | None = None) -> int:
         summary = run_case(
             float(rate), merge, args.seconds, args.existing_rows, root / case.replace(":", "-")
         )
+        figures = {name: _seconds(summary.get(name)) for name in FIGURES}
         print(
             f"{rate}\t{merge}\t{summary['committed']}\t{summary['pipeline_batches']}\t"
-            f"{summary['mirror_p50_s']:.2f}\t{summary['mirror_p99_s']:.2f}\t"
-            f"{summary['changelog_to_mirror_p50_s']:.2f}/{summary['changelog_to_mirror_p99_s']:.2f}\t"
-            f"{summary['first_batch_s']:.1f}\t{summary['lag_p50_s']:.2f}/{summary['lag_p99_s']:.2f}",
+            f"{figures['mirror_p50_s']}\t{figures['mirror_p99_s']}\t"
+            f"{figures['changelog_to_mirror_p50_s']}/{figures['changelog_to_mirror_p99_s']}\t"
+            f"{figures['first_batch_s']}\t{figures['lag_p50_s']}/{figures['lag_p99_s']}",
             flush=True,
         )
+        if summary.get("mirror_p50_s") is None:
+            print(
+                "# no commit reached a mirror after the pipeline's first batch: run longer "
+                "than that batch takes (about 30 s on an idle 2-core machine)",
+                flush=True,
+            )
     print(json.dumps({"work": str(root)}))
     return 0
 

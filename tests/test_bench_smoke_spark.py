@@ -20,8 +20,8 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         r"ratio service/bare: \d+\.\d\d",
     ),
     "mirror_latency.py": (
-        ["--seconds", "45", "--existing-rows", "20", "--cases", "5:driver"],
-        r"^5\tdriver\t\d+\t\d+\t[\d.]+\t[\d.]+\t",
+        ["--seconds", "20", "--existing-rows", "20", "--cases", "5:driver"],
+        r"^5\tdriver\t\d+\t\d+\t([\d.]+|-)\t([\d.]+|-)\t",
     ),
 }
 
