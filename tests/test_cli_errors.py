@@ -56,6 +56,26 @@ def test_values_refused_before_connecting(args: list[str], text: str) -> None:
     assert_one_error_line(tail(*args), 2, text)
 
 
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (
+            ["--changelog", "/nonexistent/changelog", "--start-timestamp", "2026-11-24T00:00:00Z"],
+            "no change log at /nonexistent/changelog",
+        ),
+        (["--changelog", "/nonexistent/changelog"], "arguments are required: --start-timestamp"),
+    ],
+)
+def test_an_audit_without_a_change_log_or_a_start_is_refused(args: list[str], text: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ingest", "audit", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert_one_error_line(result, 2, text)
+
+
 @pytest.mark.emulator
 class TestAgainstTheEmulator:
     @pytest.fixture(autouse=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 from structlog.typing import FilteringBoundLogger as Logger
 
 from ingest.changestream.query import ChangeStreamQuery
@@ -146,7 +147,7 @@ def newest_watermark(changelog_uri: str) -> Nanos:
     """The low watermark of the change log's newest checkpoint, whichever job wrote it."""
     try:
         table = DeltaTable(changelog_uri)
-    except Exception as error:  # deltalake raises TableNotFoundError and plain OSErrors
+    except (TableNotFoundError, OSError) as error:
         raise AuditWindowError(f"no change log at {changelog_uri}: {error}") from None
     for commit in table.history():
         text = commit.get(CHECKPOINT_KEY)
