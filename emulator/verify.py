@@ -21,7 +21,7 @@ from deltalake.exceptions import TableNotFoundError
 from google.cloud.spanner_v1.database import Database
 from google.protobuf import timestamp_pb2
 
-from ingest.delta.changelog import CHECKPOINT_KEY, Checkpoint, from_json
+from ingest.delta.changelog import Checkpoint, newest_checkpoint
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos
 from ingest.model.values import float32
 from pipeline.catalog import scan
@@ -70,19 +70,10 @@ class TableComparison:
         )
 
 
-def _newest_checkpoint(table: DeltaTable) -> tuple[int, Checkpoint] | None:
-    """The newest landing commit's table version and checkpoint."""
-    for commit in table.history():
-        text = commit.get(CHECKPOINT_KEY)
-        if text is not None:
-            return int(commit["version"]), from_json(text)
-    return None
-
-
 def changelog_watermark(changelog_uri: str, version: int | None = None) -> Watermark | None:
     """The low watermark recorded by the newest landing commit at or before ``version`` that is a
     consistent cut: None while the job's initial snapshot is incomplete."""
-    newest = _newest_checkpoint(DeltaTable(changelog_uri, version=version))
+    newest = newest_checkpoint(DeltaTable(changelog_uri, version=version))
     if newest is None or not newest[1].consistent:
         return None
     return Watermark(newest[0], newest[1].resume_point.low_watermark)
@@ -91,7 +82,7 @@ def changelog_watermark(changelog_uri: str, version: int | None = None) -> Water
 def latest_checkpoint(changelog_uri: str) -> Checkpoint | None:
     """The newest commit's checkpoint; None before the first commit."""
     try:
-        newest = _newest_checkpoint(DeltaTable(changelog_uri))
+        newest = newest_checkpoint(DeltaTable(changelog_uri))
     except TableNotFoundError:
         return None
     return newest[1] if newest else None

@@ -11,7 +11,7 @@ import datetime as dt
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -21,6 +21,9 @@ from ingest.model.snapshot import SnapshotChunk, SnapshotProgress, TableProgress
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339, to_rfc3339
 from ingest.rules.partitions import ResumablePartition, ResumablePartitions
 from ingest.rules.resume import ResumePoint
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 CHECKPOINT_KEY = "spanner_cdc_checkpoint"
 """Key of the checkpoint in each commit's commit info."""
@@ -314,3 +317,13 @@ def _snapshot_from_json(data: dict[str, Any]) -> SnapshotProgress:
             for t in data["tables"]
         ),
     )
+
+
+def newest_checkpoint(table: DeltaTable) -> tuple[int, Checkpoint] | None:
+    """The newest commit carrying a checkpoint, whichever job wrote it: its table version and
+    checkpoint; None when no commit carries one."""
+    for commit in table.history():
+        text = commit.get(CHECKPOINT_KEY)
+        if text is not None:
+            return int(commit["version"]), from_json(text)
+    return None

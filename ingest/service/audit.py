@@ -25,12 +25,11 @@ from structlog.typing import FilteringBoundLogger as Logger
 from ingest.changestream.query import ChangeStreamQuery
 from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
 from ingest.delta.changelog import (
-    CHECKPOINT_KEY,
     SCHEMA_ROW,
     SNAPSHOT_DELETE,
     SNAPSHOT_ROW,
     UTC_MICROS,
-    from_json,
+    newest_checkpoint,
     to_arrow,
 )
 from ingest.model.encoding import canonical_json
@@ -149,11 +148,10 @@ def newest_watermark(changelog_uri: str) -> Nanos:
         table = DeltaTable(changelog_uri)
     except (TableNotFoundError, OSError) as error:
         raise AuditWindowError(f"no change log at {changelog_uri}: {error}") from None
-    for commit in table.history():
-        text = commit.get(CHECKPOINT_KEY)
-        if text is not None:
-            return from_json(text).resume_point.low_watermark
-    raise AuditWindowError(f"the change log at {changelog_uri} holds no checkpoint")
+    newest = newest_checkpoint(table)
+    if newest is None:
+        raise AuditWindowError(f"the change log at {changelog_uri} holds no checkpoint")
+    return newest[1].resume_point.low_watermark
 
 
 def changelog_digests(changelog_uri: str, start: Nanos, end: Nanos) -> Digests:
@@ -197,15 +195,16 @@ def stream_digests(
 
 def audit(
     changelog_uri: str,
+    watermark: Nanos,
     source: ChangeStreamQuery,
     config: ReaderConfig,
     log: Logger,
     stop: threading.Event,
 ) -> AuditReport:
-    """Refuses a window the change log has not landed whole: its end must be at or below W."""
+    """Refuses a window the change log has not landed whole: its end must be at or below its
+    low watermark (``newest_watermark``)."""
     start, end = config.start_timestamp, config.end_timestamp
     assert end is not None, "an audit window is closed"
-    watermark = newest_watermark(changelog_uri)
     if end > watermark:
         raise AuditWindowError(
             f"the window ends at {to_rfc3339(end)}, after the change log's low watermark "

@@ -272,10 +272,13 @@ def run_tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def run_audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Exit 0 when the window agrees, EXIT_DIFFERENCES when it does not."""
     log = make_logger(err, args.log_level).bind(command="audit", stream=args.stream)
+    watermark = newest_watermark(args.changelog)
     if args.end_timestamp is None:
-        args.end_timestamp = newest_watermark(args.changelog)
+        args.end_timestamp = watermark
     request = prepare_tail(args)
-    report = audit(args.changelog, request.source, request.config, log, _stop_on_signals())
+    report = audit(
+        args.changelog, watermark, request.source, request.config, log, _stop_on_signals()
+    )
     out.write(report.summary() + "\n")
     for difference in report.differences:
         out.write(f"{difference}\n")
