@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,6 +34,7 @@ from typing import Any
 from google.cloud import spanner
 
 from emulator.bootstrap import bootstrap
+from emulator.processes import Process
 from emulator.server import emulator
 from emulator.verify import changelog_watermark
 from ingest.changestream.query import ChangeStreamQuery, Dialect
@@ -42,8 +42,6 @@ from ingest.changestream.reader import ReaderConfig
 from ingest.model.logs import make_logger
 from ingest.model.timestamps import Nanos, from_datetime, parse_rfc3339, to_rfc3339
 from ingest.service.audit import changelog_digests, stream_digests
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def commit_at_rate(database: Any, rate: float, seconds: float) -> list[Nanos]:
@@ -60,29 +58,19 @@ def commit_at_rate(database: Any, rate: float, seconds: float) -> list[Nanos]:
     return committed
 
 
-def run_service(database_id: str, changelog: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "SPANNER_DATABASE": database_id,
-        "INGEST_TABLE_URI": str(changelog),
-        "INGEST_SNAPSHOT_MODE": "never",
-        "INGEST_HEALTH_PORT": "0",
-        "INGEST_LOG_LEVEL": "debug",
-    }
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "ingest", "run"],
-            env=env,
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def events(log: Path) -> list[dict[str, Any]]:
-    lines = log.read_text(errors="replace").splitlines()
-    return [json.loads(line) for line in lines if line.startswith('{"')]
+def ingest_service(database_id: str, changelog: Path, log: Path) -> Process:
+    """``python -m ingest run`` from now, no snapshot, logging at debug."""
+    return Process(
+        ["-m", "ingest", "run"],
+        log,
+        {
+            "SPANNER_DATABASE": database_id,
+            "INGEST_TABLE_URI": str(changelog),
+            "INGEST_SNAPSHOT_MODE": "never",
+            "INGEST_HEALTH_PORT": "0",
+            "INGEST_LOG_LEVEL": "debug",
+        },
+    )
 
 
 def classify(
@@ -114,14 +102,11 @@ def repeat(client: spanner.Client, number: int, rate: float, seconds: float, wor
         ["CREATE TABLE ticks (id INT64 NOT NULL, n INT64) PRIMARY KEY (id)"]
     )
     operation.result(120)
-    changelog, log = work / f"changelog-{number}", work / f"ingest-{number}.log"
-    process = run_service(database.database_id, changelog, log)
+    changelog = work / f"changelog-{number}"
+    service = ingest_service(database.database_id, changelog, work / f"ingest-{number}.log")
+    process = service.start()
     try:
-        deadline = time.monotonic() + 60
-        while not any(e["event"] == "ingest_started" for e in events(log)):
-            assert process.poll() is None, log.read_text()[-2000:]
-            assert time.monotonic() < deadline, "the service did not start in 60 s"
-            time.sleep(0.1)
+        service.wait_for("ingest_started", 1, timeout=60, process=process)
         committed = commit_at_rate(database, rate, seconds)
         deadline = time.monotonic() + 120
         while landed_watermark(changelog) < committed[-1]:
@@ -140,7 +125,7 @@ def repeat(client: spanner.Client, number: int, rate: float, seconds: float, wor
         "committed": len(committed),
         "landed": len(landed),
         "reread": len(reread.by_transaction),
-        "verdicts": classify(missing, events(log), {k[0] for k in reread.by_transaction}),
+        "verdicts": classify(missing, service.events(), {k[0] for k in reread.by_transaction}),
     }
 
 
