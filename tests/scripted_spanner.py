@@ -306,6 +306,15 @@ class Script:
     """Serve the streams in real time, as Spanner does: a record no sooner than the wall clock
     reaches its timestamp, a heartbeat after each silent heartbeat interval, and a query that
     reaches no child partitions record closes once the clock reaches its end timestamp."""
+    hold_back_ns: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Live: (server transaction id, record sequence) → how long after its commit timestamp
+    the data change record becomes visible (a commit in flight). A held record holds back the
+    partition's later records and heartbeats; it is never skipped."""
+    close_at_end: bool = False
+    """Live: close a query once the clock reaches its end timestamp even while records up to
+    it are held back, as a server that does not wait for its end to be safe would."""
+    sent_at: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Live: when each data change record was first sent (wall clock), filled by the server."""
 
 
 class ScriptedChangeStreamServicer(SpannerServicer):
@@ -368,6 +377,13 @@ class ScriptedChangeStreamServicer(SpannerServicer):
         if first >= len(rows):
             yield PartialResultSet(metadata=metadata)
 
+    def _visible_at(self, record: ChangeRecord) -> Nanos:
+        held = 0
+        if isinstance(record, DataChangeRecord):
+            key = (record.server_transaction_id, record.record_sequence)
+            held = self.script.hold_back_ns.get(key, 0)
+        return record_timestamp(record) + held
+
     def _metadata(self) -> ResultSetMetadata:
         column = MUTABLE_KEY_RANGE_RECORD if self.script.mutable_key_range else CHANGE_RECORD
         return change_record_metadata(column)
@@ -404,27 +420,35 @@ class ScriptedChangeStreamServicer(SpannerServicer):
                 sent_metadata = True
             return result
 
-        pending = [(record_timestamp(row), index, row) for index, row in enumerate(rows)][first:]
+        pending = [
+            (self._visible_at(row), record_timestamp(row), index, row)
+            for index, row in enumerate(rows)
+        ][first:]
         pending.reverse()
         last_sent = first - 1
         while context.is_active():
             now = time.time_ns()
             if pending and pending[-1][0] <= now:
-                _, last_sent, row = pending.pop()
+                _, _, last_sent, row = pending.pop()
+                if isinstance(row, DataChangeRecord):
+                    with self._lock:
+                        key = (row.server_transaction_id, row.record_sequence)
+                        self.script.sent_at.setdefault(key, now)
                 yield partial(row, last_sent)
                 quiet_since = now
-                more_children = pending and isinstance(pending[-1][2], ChildPartitionsRecord)
+                more_children = pending and isinstance(pending[-1][3], ChildPartitionsRecord)
                 if isinstance(row, ChildPartitionsRecord) and not more_children:
                     return
                 continue
-            if not pending and end is not None and now >= end:
+            if end is not None and now >= end and (not pending or self.script.close_at_end):
                 if not sent_metadata:
                     yield PartialResultSet(metadata=metadata)
                 return
-            if now - quiet_since >= heartbeat and now >= start:
+            beat = min(now, pending[-1][1] - 1) if pending else now
+            if now - quiet_since >= heartbeat and beat >= start:
                 # Resumed after it, the stream goes on from the last row sent: a heartbeat is
                 # never replayed, which is harmless.
-                yield partial(HeartbeatRecord(now), last_sent)
+                yield partial(HeartbeatRecord(beat), last_sent)
                 quiet_since = now
             wake = min(
                 pending[-1][0] if pending else now + heartbeat,

@@ -158,9 +158,9 @@ def test_bounded_query_windows_deliver_every_transaction_once_in_order(seed: int
 
 class TakingTurnsSource:
     """Honours each query's end timestamp and nothing more: records up to it, then the stream
-    closes once the clock reached the end (a query reading up to now often returns nothing). It
-    records how many queries are open at once, and checks that no partition is queried before
-    all its parents finished."""
+    closes once the clock reached the end (a query reading up to what settled often returns
+    nothing). It records how many queries are open at once, and checks that no partition is
+    queried before all its parents finished."""
 
     def __init__(self, topology: Topology, seed: int, clock: Callable[[], Nanos]) -> None:
         self._clock = clock
@@ -225,6 +225,7 @@ def test_more_partitions_than_turns_take_turns_and_lose_nothing(seed: int) -> No
         topology.end,
         wall_clock=clock,
         max_concurrent_partitions=2,
+        settle_margin_s=10e-9,  # 5 ms of this clock's time
     )
     assert released == topology.expected()
     assert watermarks == sorted(watermarks)

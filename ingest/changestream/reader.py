@@ -7,10 +7,10 @@ same code the property tests drive. Data flows one way: query → tracker/assemb
 At most ``max_concurrent_partitions`` partitions are read at once, each in a turn on its own
 worker thread. While every live partition has a turn, a turn tails its partition in windows of
 ``query_window_s``. Once more partitions live than turns, partitions take turns lowest watermark
-first: a turn reads its partition up to now (a query whose end timestamp is the present) and
-hands it back, and a tailing turn hands its partition back at its next record. So threads,
-sockets and buffers stay bounded with any number of partitions, and the low watermark still
-advances, at the cost of one round of turns in latency.
+first: a turn reads its partition up to what has settled (a query ending ``settle_margin_s``
+before now) and hands it back, and a tailing turn hands its partition back at its next record.
+So threads, sockets and buffers stay bounded with any number of partitions, and the low
+watermark still advances, at the cost of one round of turns and the margin in latency.
 """
 
 from __future__ import annotations
@@ -66,6 +66,11 @@ class ReaderConfig:
     """Every partition query ends at most this long after it starts (wall clock), then runs again
     from its resume timestamp: Spanner bounds MUTABLE_KEY_RANGE queries to 30 minutes, and an
     unbounded query holds its session and stream forever. Beam uses 2 minutes."""
+    settle_margin_s: float = 1.0
+    """A query that closes cleanly proves its end only where that end was this old when the
+    query began: a source may make a record visible after its commit timestamp has passed (a
+    commit in flight, clocks apart), and a catching-up query ends this long before now. Real
+    Spanner closes a query only once its end is safe; the emulator was not shown to."""
     stuck_after_heartbeats: int = 10
     """A running partition whose watermark has not moved for this many heartbeat intervals, while
     another partition's has, is stuck: it is logged and its query started again."""
@@ -497,14 +502,17 @@ class ChangeStreamReader:
         stopped: Callable[[], bool],
     ) -> _Outcome:
         """One bounded query of the partition. While partitions wait for a turn it reads up to
-        now, else it tails for a window; either way it may hand the turn back mid-stream."""
+        what has settled, else it tails for a window; either way it may hand the turn back
+        mid-stream."""
         query_start = resume_timestamp(start, progress.watermark)
         watermark_before = progress.watermark
         self._emit(_QueryStarted(token, generation, query_start))
-        catching_up = self._turn_wanted.is_set()
-        now = self._wall_clock()
-        window = 0 if catching_up else int(self._config.query_window_s * NANOS_PER_SECOND)
-        window_end = max(now, query_start) + window
+        began = self._wall_clock()
+        margin = int(self._config.settle_margin_s * NANOS_PER_SECOND)
+        settled = began - margin
+        catching_up = self._turn_wanted.is_set() and query_start < settled
+        window = int(self._config.query_window_s * NANOS_PER_SECOND)
+        window_end = settled if catching_up else max(began, query_start) + window
         final = self._config.end_timestamp
         end = window_end if final is None else min(final, window_end)
         try:
@@ -533,25 +541,30 @@ class ChangeStreamReader:
                     and progress.watermark > watermark_before
                 ):
                     return _Outcome.HANDED_BACK
-            if progress.ended or end == final or stopped():
-                outcome = _Outcome.FINISHED
-            elif catching_up and end <= self._wall_clock():
-                # A catching-up query (its end the present when it started) that closed cleanly
-                # delivered every record up to its end, as a reader's end timestamp does: that
-                # end is proven, as by a heartbeat at it; such a query often returns no record
-                # at all. A tailing window proves only what its records prove, the
-                # conservative rule (emulator/NOTES.md: windows proven by their end coincided
-                # with lost transactions there).
-                progress.watermark = max(progress.watermark, end)
-                self._emit(_RecordRead(token, generation, HeartbeatRecord(end)))
+            if stopped():
+                return _Outcome.FINISHED
+            proven = min(end, settled)
+            if not progress.ended and progress.watermark < proven:
+                # A clean close delivered every record up to its end, as a heartbeat at it
+                # would; trusted only up to what had settled when the query began (a
+                # catching-up query: all of it; such a query often returns no record at all).
+                progress.watermark = proven
+                self._emit(_RecordRead(token, generation, HeartbeatRecord(proven)))
                 self._log.debug(
-                    "catch_up_end_proven",
+                    "query_end_proven",
                     partition_token=token,
                     query_start_timestamp=to_rfc3339(query_start),
-                    end_timestamp=to_rfc3339(end),
+                    end_timestamp=to_rfc3339(proven),
                 )
-                outcome = _Outcome.WINDOW_CLOSED
+            now = self._wall_clock()
+            if progress.ended or (final is not None and progress.watermark >= final):
+                outcome = _Outcome.FINISHED
             elif progress.watermark > watermark_before:
+                outcome = _Outcome.WINDOW_CLOSED
+            elif end < now:
+                # Its end passed but had not settled when the query began: query again once
+                # it has, and that query proves it.
+                self._workers_stop.wait((end + margin - now) / NANOS_PER_SECOND)
                 outcome = _Outcome.WINDOW_CLOSED
             else:
                 raise StreamEndedEarly(
