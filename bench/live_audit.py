@@ -1,15 +1,15 @@
 """A live stream audited after the fact, with every missing transaction classified (issue 25).
 
 Each repeat, on a fresh database of a fresh emulator: the ingest service reads the stream from
-now (debug logs: every data record the client handed the reader, every end a catching-up query's
-clean close proved), single-row transactions commit at ``--rate`` for ``--seconds``, the service
+now (debug logs: every data record the client handed the reader, every end a query's clean close
+proved), single-row transactions commit at ``--rate`` for ``--seconds``, the service
 drains and stops, and ``ingest.service.audit`` reads the window again with bounded catch-up
 queries. A transaction committed but not in the change log is then:
 
 - ``product dropped it``: the client handed the reader one of its records (a product loss);
 - ``live query never sent it, re-read has it``: the emulator's live query skipped it, and the
-  note says whether a catching-up query's clean close proved past it (the rule the reader
-  trusts) or a record or heartbeat did;
+  note says whether a query's clean close proved past it (trusted up to what had settled when
+  the query began) or a record or heartbeat did;
 - ``never sent, not even on re-read``.
 
 Usage: python bench/live_audit.py [--repeats 10] [--seconds 60] [--rate 50]
@@ -18,14 +18,12 @@ Usage: python bench/live_audit.py [--repeats 10] [--seconds 60] [--rate 50]
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import platform
 import signal
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -34,14 +32,13 @@ from typing import Any
 from google.cloud import spanner
 
 from emulator.bootstrap import bootstrap
+from emulator.omissions import PRODUCT_DROPPED, classify, reread_commits
 from emulator.processes import Process
 from emulator.server import emulator
 from emulator.verify import changelog_watermark
-from ingest.changestream.query import ChangeStreamQuery, Dialect
-from ingest.changestream.reader import ReaderConfig
-from ingest.model.logs import make_logger
-from ingest.model.timestamps import Nanos, from_datetime, parse_rfc3339, to_rfc3339
-from ingest.service.audit import changelog_digests, stream_digests
+from ingest.changestream.query import Dialect
+from ingest.model.timestamps import Nanos, from_datetime, to_rfc3339
+from ingest.service.audit import changelog_digests
 
 
 def commit_at_rate(database: Any, rate: float, seconds: float) -> list[Nanos]:
@@ -73,29 +70,6 @@ def ingest_service(database_id: str, changelog: Path, log: Path) -> Process:
     )
 
 
-def classify(
-    missing: list[Nanos], logged: list[dict[str, Any]], reread: set[str]
-) -> dict[str, str]:
-    received = {e["commit_timestamp"] for e in logged if e["event"] == "record_received"}
-    proven = [
-        (parse_rfc3339(e["query_start_timestamp"]), parse_rfc3339(e["end_timestamp"]))
-        for e in logged
-        if e["event"] == "catch_up_end_proven"
-    ]
-    verdicts = {}
-    for timestamp in missing:
-        text = to_rfc3339(timestamp)
-        if text in received:
-            verdicts[text] = "product dropped it"
-        elif text in reread:
-            by_close = any(start <= timestamp <= end for start, end in proven)
-            how = "a catching-up query's clean close" if by_close else "a record or heartbeat"
-            verdicts[text] = f"live query never sent it, re-read has it (passed by {how})"
-        else:
-            verdicts[text] = "never sent, not even on re-read"
-    return verdicts
-
-
 def repeat(client: spanner.Client, number: int, rate: float, seconds: float, work: Path) -> dict:
     database = bootstrap(client, database_id=f"audit{number}_{os.getpid() % 10000}", accounts=0)
     operation = database.update_ddl(
@@ -118,14 +92,12 @@ def repeat(client: spanner.Client, number: int, rate: float, seconds: float, wor
     start, end = committed[0], committed[-1]
     landed = {key[0] for key in changelog_digests(str(changelog), start, end).by_transaction}
     missing = [t for t in committed if to_rfc3339(t) not in landed]
-    config = ReaderConfig(start_timestamp=start, end_timestamp=end, heartbeat_ms=1000)
-    source = ChangeStreamQuery(database, "all_changes", Dialect.GOOGLE_STANDARD_SQL, 1000)
-    reread = stream_digests(source, config, make_logger(io.StringIO()), threading.Event())
+    reread = reread_commits(database, "all_changes", Dialect.GOOGLE_STANDARD_SQL, start, end)
     return {
         "committed": len(committed),
         "landed": len(landed),
-        "reread": len(reread.by_transaction),
-        "verdicts": classify(missing, service.events(), {k[0] for k in reread.by_transaction}),
+        "reread": len(reread),
+        "omissions": classify(missing, service.events(), reread),
     }
 
 
@@ -153,19 +125,19 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["SPANNER_EMULATOR_HOST"] = running.host_port
             client = spanner.Client(project="local-project")
             result = repeat(client, number, args.rate, args.seconds, work)
-        verdicts = result["verdicts"]
-        totals.update(verdicts.values())
-        kinds = Counter(verdicts.values())
+        omissions = result["omissions"]
+        kinds = Counter(o.verdict for o in omissions)
+        totals.update(kinds)
         print(
             f"{number}\t{result['committed']}\t{result['landed']}\t{result['reread']}\t"
-            f"{len(verdicts)}\t{dict(kinds) or '-'}",
+            f"{len(omissions)}\t{dict(kinds) or '-'}",
             flush=True,
         )
-        for timestamp, verdict in sorted(verdicts.items()):
-            print(f"#   {timestamp}: {verdict}", flush=True)
+        for omission in omissions:
+            print(f"#   {omission}", flush=True)
     print(f"missing transactions by cause: {dict(totals) or 'none'}")
     print(json.dumps({"work": str(work)}))
-    return 1 if totals["product dropped it"] else 0
+    return 1 if totals[PRODUCT_DROPPED] else 0
 
 
 if __name__ == "__main__":

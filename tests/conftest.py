@@ -11,6 +11,7 @@ from google.cloud import spanner
 from google.cloud.spanner_v1.database import Database
 
 from emulator.bootstrap import bootstrap
+from emulator.omissions import REPORT_PROPERTY
 from emulator.server import EmulatorNotFound, emulator, find_emulator_binary
 
 pytest_plugins = ["tests.pipeline_runs"]
@@ -40,6 +41,21 @@ they end together instead of one worker running the longest ones alone at the en
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Every missing transaction an emulator test classified this run, rerun or not."""
+    omissions = [
+        f"{report.nodeid}: {value}"
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if isinstance(report, pytest.TestReport) and report.when == "call"
+        for name, value in report.user_properties
+        if name == REPORT_PROPERTY
+    ]
+    terminalreporter.write_sep("-", f"emulator omissions this run: {len(omissions)}")
+    for line in omissions:
+        terminalreporter.write_line(line)
 
 
 TOKEN_ALIVE_SECONDS = 1
