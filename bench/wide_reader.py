@@ -4,9 +4,11 @@ The server (another process, so it does not share the reader's GIL) serves a wid
 each record when the clock reaches its commit timestamp, heartbeats on silent partitions, a few
 hundred splits, moves and merges, transactions at a fixed rate (a third spread over several
 partitions). The reader runs with the product's default turns (512) and with 64, and reports
-records/s, commit→release latency, the reader's CPU per record, threads and RSS.
+records/s, commit→release latency, the reader's CPU per record and per query, threads and RSS,
+all over the steady state: commits from ``--warmup`` seconds into the stream to its end, so the
+start of thousands of partitions and the drain are left out.
 
-Usage: python bench/wide_reader.py [--seconds 20] [--rate 100] [--widths 10,500,5000]
+Usage: python bench/wide_reader.py [--seconds 20] [--warmup 10] [--rate 100] [--widths 10,500,5000]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -70,10 +73,30 @@ def rss_mib() -> float:
     return float("nan")
 
 
-def run(width: int, turns: int, seconds: int, rate: int, seed: int) -> dict[str, float]:
-    transactions = seconds * rate
+@dataclass(frozen=True, slots=True)
+class Sample:
+    at: Nanos
+    cpu_s: float
+    records: int
+    queries: int
+    threads: int
+    rss_mib: float
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run(
+    width: int, turns: int, seconds: int, warmup: int, rate: int, seed: int
+) -> dict[str, float]:
+    """Figures from the steady state only: commits from ``warmup`` seconds into the stream to
+    its end (start-up, the first round of turns and the drain left out)."""
+    transactions = (warmup + seconds) * rate
     start = time.time_ns() + 3 * NANOS_PER_SECOND + width * 1_000_000  # time to build and serve
-    horizon = seconds * NANOS_PER_SECOND
+    horizon = (warmup + seconds) * NANOS_PER_SECOND
+    steady_from = start + warmup * NANOS_PER_SECOND
     changes = min(400, max(2, width // 10))
     args = dict(
         partitions=width, changes=changes, transactions=transactions, start=start, horizon=horizon
@@ -98,73 +121,80 @@ def run(width: int, turns: int, seconds: int, rate: int, seed: int) -> dict[str,
         reader = ChangeStreamReader(Counting(), config, null_logger())
         latencies: list[float] = []
         records = 0
-        most_threads = 0
-        most_rss = 0.0
+        samples: list[Sample] = []
+        done = threading.Event()
 
         def land(release: Release) -> None:
             nonlocal records
             now = time.time_ns()
             for transaction in release.transactions:
-                latencies.append((now - transaction.commit_timestamp) / NANOS_PER_SECOND)
+                if steady_from <= transaction.commit_timestamp <= start + horizon:
+                    latencies.append((now - transaction.commit_timestamp) / NANOS_PER_SECOND)
                 records += len(transaction.records)
 
-        done = threading.Event()
-
         def sample() -> None:
-            nonlocal most_threads, most_rss
             while not done.wait(0.1):
-                most_threads = max(most_threads, threading.active_count())
-                most_rss = max(most_rss, rss_mib())
+                samples.append(
+                    Sample(
+                        time.time_ns(),
+                        cpu_seconds(),
+                        records,
+                        queries,
+                        threading.active_count(),
+                        rss_mib(),
+                    )
+                )
 
         threading.Thread(target=sample, daemon=True).start()
-        cpu_before = resource.getrusage(resource.RUSAGE_SELF)
-        began = time.monotonic()
         reader.run(land, threading.Event())
-        elapsed = time.monotonic() - began
-        cpu_after = resource.getrusage(resource.RUSAGE_SELF)
         done.set()
     finally:
         server.kill()
         server.wait()
-    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
-    assert len(latencies) == len(topology.transactions), "every transaction released"
+    steady = [s for s in samples if steady_from <= s.at <= start + horizon]
+    assert len(steady) >= 2, "no steady state sampled: run longer"
+    first, last = steady[0], steady[-1]
+    span = (last.at - first.at) / NANOS_PER_SECOND
+    steady_records = last.records - first.records
+    cpu = last.cpu_s - first.cpu_s
     return {
         "width": width,
         "turns": turns,
-        "records": records,
-        "elapsed_s": elapsed,
-        "records_per_s": records / elapsed,
+        "records_per_s": steady_records / span,
         "p50_s": percentile(latencies, 0.5),
         "p99_s": percentile(latencies, 0.99),
-        "reader_cpu_s": cpu,
-        "cpu_ms_per_record": 1000 * cpu / max(records, 1),
-        "queries": queries,
-        "cpu_ms_per_query": 1000 * cpu / max(queries, 1),
-        "threads": most_threads,
-        "rss_mib": most_rss,
+        "cpu_ms_per_record": 1000 * cpu / max(steady_records, 1),
+        "queries_per_s": (last.queries - first.queries) / span,
+        "cpu_ms_per_query": 1000 * cpu / max(last.queries - first.queries, 1),
+        "threads": max(s.threads for s in steady),
+        "rss_mib": max(s.rss_mib for s in steady),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=int, default=20)
+    parser.add_argument("--seconds", type=int, default=20, help="steady state, measured")
+    parser.add_argument("--warmup", type=int, default=10, help="before it, not measured")
     parser.add_argument("--rate", type=int, default=100)
     parser.add_argument("--widths", default="10,500,5000")
     parser.add_argument("--turns", default="512,64")
     parser.add_argument("--seed", type=int, default=5)
     args = parser.parse_args()
     print(f"# {platform.node()} {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}")
-    print(f"# {args.seconds} s live at {args.rate} transactions/s, server in its own process")
+    print(
+        f"# {args.warmup} s warm-up then {args.seconds} s measured, live at {args.rate} "
+        "transactions/s, server in its own process"
+    )
     header = "| partitions | turns | records/s | commit→release p50 | p99 | reader CPU ms/record |"
-    print(header + " threads | RSS MiB | queries | reader CPU ms/query |")
+    print(header + " threads | RSS MiB | queries/s | reader CPU ms/query |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for width in (int(w) for w in args.widths.split(",")):
         for turns in (int(t) for t in args.turns.split(",")):
-            r = run(width, turns, args.seconds, args.rate, args.seed)
+            r = run(width, turns, args.seconds, args.warmup, args.rate, args.seed)
             print(
                 f"| {width:,} | {turns} | {r['records_per_s']:.0f} | {r['p50_s']:.2f} s | "
                 f"{r['p99_s']:.2f} s | {r['cpu_ms_per_record']:.2f} | {r['threads']} | "
-                f"{r['rss_mib']:.0f} | {r['queries']:,} | {r['cpu_ms_per_query']:.2f} |",
+                f"{r['rss_mib']:.0f} | {r['queries_per_s']:,.0f} | {r['cpu_ms_per_query']:.2f} |",
                 flush=True,
             )
 

@@ -24,7 +24,7 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
         r"\| [^|]+ \| \d+ \| [\d.]+ \| [\d,]+ \| [\d.]+ \|",
     ),
     "wide_reader.py": (
-        ["--seconds", "3", "--rate", "20", "--widths", "10", "--turns", "8"],
+        ["--seconds", "3", "--warmup", "2", "--rate", "20", "--widths", "10", "--turns", "8"],
         r"\| 10 \|",
     ),
     "large_transaction_rss.py": (

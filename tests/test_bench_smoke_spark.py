@@ -19,6 +19,10 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         ["--sizes", "300", "--workers", "1"],
         r"ratio service/bare: \d+\.\d\d",
     ),
+    "commit_to_mirror.py": (
+        ["--rates", "20", "--seconds", "3", "--warmup", "45", "--partitions", "6"],
+        r"^20\t\d+\t(\d+)\t\1\t\d+\t[\d.]+\t[\d.]+/[\d.]+\t",
+    ),
     "mirror_latency.py": (
         ["--seconds", "20", "--existing-rows", "20", "--cases", "5:driver"],
         r"^5\tdriver\t\d+\t\d+\t([\d.]+|-)\t([\d.]+|-)\t",

@@ -1,0 +1,310 @@
+"""Commit → mirror past what the emulator allows: the stream served by the scripted server.
+
+The emulator's own CPU grows with its stream (about 1.6 cores at 100 transactions/s here), so
+end-to-end figures above about 40/s on two cores measure the emulator. Here the stream comes from
+the tests' scripted gRPC server in a process of its own, in real time (each record served once
+the wall clock reaches its commit timestamp, heartbeats in silences), through the real client:
+
+- ingest, in this process: the reader, the Batcher and the Delta sink, wired and configured as
+  ``make run`` configures the service (flush latency 500 ms, checkpoint every 5 s); the
+  service's catalog queries (dialect, stream, watched columns) are left out, as the scripted
+  server does not serve ``information_schema``;
+- the pipeline: ``python -m pipeline run`` in a process of its own, as ``make run`` starts it.
+
+Transactions insert ``--rows`` new rows into one table (an INT64 key and 9 columns of mixed
+types), 5/s during ``--warmup`` (Spark's start: its first batch then carries no backlog) and
+then at each of ``--rates``; a third of them spread their rows over several of ``--partitions``
+partitions, which split, move and merge. For each commit after the warm-up:
+commit → mirror (the end of the micro-batch that made it readable), split into ingest (commit →
+the change-log commit whose low watermark passed it) and pipeline (that → the micro-batch's end),
+as p50 and p99; and the cores each process (and its children: Spark's JVM) used from the end of
+the warm-up on, to show who was busy.
+
+Usage: python bench/commit_to_mirror.py [--rates 20,100,500] [--seconds 60] [--warmup 45]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.pop("SPANNER_EMULATOR_HOST", None)
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+from decode_speed import production_record
+from wide_reader import serve
+
+from emulator.local_run import (
+    batch_marks,
+    landing_marks,
+    mirror_latencies,
+    percentile,
+    visible_at,
+)
+from emulator.processes import Process
+from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.delta.batcher import Batcher
+from ingest.delta.sink import DeltaChangeLogSink
+from ingest.model.logs import make_logger
+from ingest.model.records import Mod, Transaction
+from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339
+from tests.scripted_spanner import Script, parents_of, scripted_query
+from tests.simulation import Topology, build_wide_topology
+
+WARMUP_RATE = 5.0
+"""Transactions/s while Spark starts: its first batch then carries no backlog."""
+FLUSH_LATENCY_S = 0.5
+CHECKPOINT_INTERVAL_S = 5.0
+"""As ``make run`` configures the service (emulator/local_run.py)."""
+
+
+def inserting_topology(
+    rate: float, warmup: float, seconds: float, partitions: int, rows: int, start: Nanos
+) -> Topology:
+    """A live topology from ``start`` whose transactions insert new rows of one table, at
+    WARMUP_RATE for ``warmup`` seconds, then at ``rate``."""
+    rng = random.Random(25)
+    horizon = int((warmup + seconds) * NANOS_PER_SECOND)
+    count = int(rate * (warmup + seconds))
+    topology = build_wide_topology(rng, partitions, max(2, partitions // 5), count, start, horizon)
+    measured_from = start + int(warmup * NANOS_PER_SECOND)
+    kept = [
+        t
+        for t in topology.transactions
+        if t.commit_timestamp >= measured_from or rng.random() < WARMUP_RATE / rate
+    ]
+    shaped = []
+    for number, transaction in enumerate(kept):
+        records = []
+        for record in transaction.records:
+            sequence = int(record.record_sequence)
+            template = production_record(number, 10)
+            mods = tuple(
+                Mod({"c0": str((number * 8 + sequence) * rows + row)}, mod.new_values, {})
+                for row, mod in enumerate(template.mods[:rows])
+            )
+            records.append(
+                dataclasses.replace(
+                    template,
+                    mods=mods,
+                    mod_type="INSERT",
+                    value_capture_type="NEW_ROW",
+                    commit_timestamp=record.commit_timestamp,
+                    record_sequence=record.record_sequence,
+                    server_transaction_id=record.server_transaction_id,
+                    is_last_record_in_transaction_in_partition=False,
+                    number_of_records_in_transaction=record.number_of_records_in_transaction,
+                    number_of_partitions_in_transaction=record.number_of_partitions_in_transaction,
+                )
+            )
+        shaped.append(
+            Transaction(
+                transaction.commit_timestamp, transaction.server_transaction_id, tuple(records)
+            )
+        )
+    return dataclasses.replace(topology, transactions=shaped)
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its live descendants (the pipeline's JVM)."""
+    total = 0.0
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        pending.extend(int(child) for child in children)
+    return total
+
+
+def ingest(port: int, changelog: str, start: Nanos) -> None:
+    """The ingest half, in a process of its own until SIGTERM: the reader, the Batcher and the
+    sink as the service wires them; its events (``delta_commit``) as JSON lines on stdout."""
+    log = make_logger(sys.stdout)
+    sink = DeltaChangeLogSink(changelog, "bench", "owner", log=log)
+    sink.start_job(start)
+    batcher = Batcher(
+        sink=sink,
+        flush_latency_s=FLUSH_LATENCY_S,
+        max_rows=20_000,
+        checkpoint_interval_s=CHECKPOINT_INTERVAL_S,
+        retention_nanos=86400 * NANOS_PER_SECOND,
+        log=log,
+    )
+    reader = ChangeStreamReader(scripted_query(port), ReaderConfig(start_timestamp=start), log)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    reader.run(batcher.on_release, stop, on_tick=batcher.on_tick)
+    batcher.flush()
+
+
+def pipeline_process(folder: Path, changelog: Path) -> Process:
+    """``python -m pipeline run`` as ``make run`` starts it (emulator/local_run.py)."""
+    return Process(
+        ["-m", "pipeline", "run"],
+        folder / "pipeline.log",
+        {
+            "PIPELINE_CHANGELOG_URI": str(changelog),
+            "PIPELINE_MIRROR_ROOT": str(folder / "mirrors"),
+            "PIPELINE_CHECKPOINT_URI": str(folder / "pipeline-checkpoint"),
+            "PIPELINE_MASTER": "local[2]",
+            "PIPELINE_SHUFFLE_PARTITIONS": "2",
+            "PIPELINE_METRICS_PORT": "0",
+        },
+    )
+
+
+def run_case(args: argparse.Namespace, rate: float, folder: Path) -> dict[str, Any]:
+    folder.mkdir(parents=True)
+    start = time.time_ns() + 3 * NANOS_PER_SECOND
+    topology = inserting_topology(
+        rate, args.warmup, args.seconds, args.partitions, args.rows, start
+    )
+    warm_until = start + int(args.warmup * NANOS_PER_SECOND)
+    last_commit = topology.transactions[-1].commit_timestamp
+    streams = topology.records_by_partition()
+    server, port = serve(Script(streams, parents=parents_of(streams), live=True), workers=64)
+    changelog = folder / "changelog"
+    ingest = Process(
+        [__file__, "--ingest", f"{port},{changelog},{start}"], folder / "ingest.log", {}
+    )
+    pipeline = pipeline_process(folder, changelog)
+    ingest_process = ingest.start()
+    pipeline_processes: list[subprocess.Popen[bytes]] = []
+
+    def cpu_now() -> dict[str, float]:
+        pids = {"server": server.pid, "ingest": ingest_process.pid}
+        pids["pipeline"] = pipeline_processes[0].pid
+        return {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
+
+    cpu: dict[str, float] = {}
+    baseline: tuple[int, dict[str, float]] | None = None
+    try:
+        ingest.wait_for("delta_commit", 1, timeout=60, process=ingest_process)
+        pipeline_started = time.time_ns()
+        pipeline_processes.append(pipeline.start())
+        deadline = time.monotonic() + args.warmup + args.seconds + 300
+        while time.monotonic() < deadline:
+            batches = [e for e in pipeline.events() if e["event"] == "pipeline_batch"]
+            newest = [parse_rfc3339(b["newest_commit"]) for b in batches if b.get("newest_commit")]
+            if newest and max(newest) >= last_commit:
+                break
+            assert pipeline_processes[0].poll() is None, "the pipeline stopped"
+            if baseline is None and time.time_ns() >= warm_until:
+                baseline = time.time_ns(), cpu_now()
+            time.sleep(1.0)
+        if baseline is not None:
+            then, before = baseline
+            seconds = (time.time_ns() - then) / 1e9
+            cpu = {name: (used - before[name]) / seconds for name, used in cpu_now().items()}
+    finally:
+        for process in (ingest_process, *pipeline_processes):
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+        server.kill()
+        server.wait()
+    batches = [e for e in pipeline.events() if e["event"] == "pipeline_batch"]
+    commits = [e for e in ingest.events() if e["event"] == "delta_commit"]
+    first = next(parse_rfc3339(b["timestamp"]) for b in batches if b.get("newest_commit"))
+    measured = [
+        t.commit_timestamp
+        for t in topology.transactions
+        if t.commit_timestamp > max(first, warm_until)
+    ]
+    mirror = mirror_latencies(measured, batches)
+    landed = visible_at(measured, landing_marks(commits))
+    ingest_share = [(land - c) / 1e9 for c, land in zip(measured, landed, strict=True) if land]
+    mirrored = visible_at(measured, batch_marks(batches))
+    pipeline_share = [
+        (m - land) / 1e9 for land, m in zip(landed, mirrored, strict=True) if land and m
+    ]
+    return {
+        "rate": rate,
+        "committed": len(topology.transactions),
+        "measured": len(measured),
+        "mirrored": len(mirror),
+        "batches": len(batches),
+        "first_batch_s": (first - pipeline_started) / 1e9,
+        "first_batch_in_warmup": first <= warm_until,
+        "mirror": (percentile(mirror, 0.5), percentile(mirror, 0.99)),
+        "ingest": (percentile(ingest_share, 0.5), percentile(ingest_share, 0.99)),
+        "pipeline": (percentile(pipeline_share, 0.5), percentile(pipeline_share, 0.99)),
+        "cpu": cpu,
+    }
+
+
+def pair(values: tuple[float | None, float | None]) -> str:
+    return "/".join("-" if v is None else f"{v:.2f}" for v in values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rates", default="20,100,500")
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured, after warm-up")
+    parser.add_argument(
+        "--warmup", type=float, default=45.0, help="stream time for Spark's first batch"
+    )
+    parser.add_argument("--partitions", type=int, default=10)
+    parser.add_argument("--rows", type=int, default=1, help="rows per data change record")
+    parser.add_argument("--ingest", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.partitions < 6:
+        parser.error("--partitions must be at least 6 (transactions spread over up to 4)")
+    if args.ingest:
+        port, changelog, start = args.ingest.split(",")
+        ingest(int(port), changelog, int(start))
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="commit-to-mirror-"))
+    print(
+        f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores; scripted server, "
+        f"{args.partitions} partitions, {args.rows} row(s) per record, {args.seconds:g} s "
+        f"measured after {args.warmup:g} s of warm-up"
+    )
+    print(
+        "rate/s\tcommitted\tmeasured\tmirrored\tbatches\tfirst batch s\tmirror p50/p99 s"
+        "\tingest p50/p99 s\tpipeline p50/p99 s\tcores: server/ingest/pipeline"
+    )
+    results = []
+    for rate in (float(r) for r in args.rates.split(",")):
+        result = run_case(args, rate, work / f"rate-{rate:g}")
+        results.append(result)
+        print(
+            f"{rate:g}\t{result['committed']}\t{result['measured']}\t{result['mirrored']}\t"
+            f"{result['batches']}\t{result['first_batch_s']:.1f}\t{pair(result['mirror'])}\t"
+            f"{pair(result['ingest'])}\t{pair(result['pipeline'])}\t"
+            + "/".join(
+                f"{result['cpu'].get(name, 0):.2f}" for name in ("server", "ingest", "pipeline")
+            ),
+            flush=True,
+        )
+    print(json.dumps({"work": str(work)}))
+    for result in results:
+        if not result["first_batch_in_warmup"]:
+            print(f"# {result['rate']:g}/s: Spark's first batch ended after the warm-up: raise it")
+    complete = all(
+        r["mirrored"] == r["measured"] > 0 and r["first_batch_in_warmup"] for r in results
+    )
+    return 0 if complete else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
