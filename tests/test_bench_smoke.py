@@ -43,6 +43,10 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
         ["--repeats", "1", "--seconds", "3", "--rate", "10"],
         r"^0\t30\t\d+\t\d+\t\d+\t",
     ),
+    "snapshot_read_shapes.py": (
+        ["--sizes", "300", "--ranges", "0", "100"],
+        r"^300\tranges of 100\t\d+\t[\d,]+$",
+    ),
     "ingest_throughput.py": (
         ["--backlog", "60", "--live-seconds", "3", "--rate", "10"],
         r"commit→Delta-visible p50 \d+ ms",

@@ -23,6 +23,10 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         ["--rates", "20", "--seconds", "3", "--warmup", "45", "--partitions", "6"],
         r"^20\t\d+\t(\d+)\t\1\t\d+\t[\d.]+\t[\d.]+/[\d.]+\t",
     ),
+    "microbatch_profile.py": (
+        ["--versions", "3", "--keys", "100", "--rows-per-version", "50"],
+        r"^first batch done, from process start\t[\d.]+ s$(.|\n)*^  MERGE\t[\d.]+\t",
+    ),
     "mirror_latency.py": (
         ["--seconds", "20", "--existing-rows", "20", "--cases", "5:driver"],
         r"^5\tdriver\t\d+\t\d+\t([\d.]+|-)\t([\d.]+|-)\t",

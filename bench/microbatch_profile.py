@@ -1,0 +1,161 @@
+"""Where a pipeline's seconds go: its first batch after start, and each later micro-batch.
+
+The job (``pipeline.job.start_query``, as ``pipeline run`` starts it) reads a change log landed
+through the real ingest sink (``--versions`` versions, ``--keys`` keys INSERTed then UPDATEd at
+random, 10 mods per transaction), one version per micro-batch, ``availableNow``, ``local[2]``.
+Times, from this process's start:
+
+- the Spark session, the deployment plan and the mirrors' creation;
+- per micro-batch, Spark's own ``durationMs`` (latestOffset, getBatch, queryPlanning, addBatch,
+  triggerExecution) and, inside addBatch, ``write_batch`` split into the MERGE (on the driver
+  through delta-rs, or through delta-spark with ``--merge spark``) and the rest (the stateful
+  step's rows, persisted, counted and collected);
+- the end of the first batch.
+
+Timers wrap ``pipeline.job.write_batch`` and the two MERGE functions; nothing else changes.
+
+Usage: python bench/microbatch_profile.py [--versions 11] [--keys 10000] [--merge driver]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import functools
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from pipeline_throughput import MODS_PER_TRANSACTION, land_changelog
+
+import pipeline.job
+import pipeline.mirror
+from ingest.model.logs import null_logger
+from pipeline.config import PipelineConfig
+from pipeline.job import JobStats, plan_deployment, spark_settings, start_query
+from pipeline.metrics import PipelineMetrics
+from pipeline.mirror import ensure_mirror, mirror_uri
+from pipeline.session import build_session
+
+SPARK_PHASES = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "triggerExecution")
+
+
+def since_process_start() -> float:
+    """Seconds since this process started (/proc), imports included."""
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return uptime - ticks / os.sysconf("SC_CLK_TCK")
+
+
+@dataclasses.dataclass
+class Timers:
+    """Seconds spent in each wrapped function, per micro-batch (in call order)."""
+
+    write_batch: list[float] = dataclasses.field(default_factory=list)
+    merge: list[float] = dataclasses.field(default_factory=list)
+    ended_at: list[float] = dataclasses.field(default_factory=list)
+
+    def wrap(self, module: Any, name: str, into: list[float]) -> None:
+        inner: Callable[..., Any] = getattr(module, name)
+
+        @functools.wraps(inner)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            began = time.monotonic()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                into.append(time.monotonic() - began)
+                if into is self.write_batch:
+                    self.ended_at.append(since_process_start())
+
+        setattr(module, name, timed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--versions", type=int, default=11)
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--rows-per-version", type=int, default=1_090)
+    parser.add_argument("--merge", choices=("driver", "spark"), default="driver")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="microbatch-profile-"))
+    rows = args.versions * args.rows_per_version
+    changelog = str(work / "changelog")
+    land_changelog(changelog, rows, min(args.keys, rows), args.versions)
+    defaults = PipelineConfig()
+    config = PipelineConfig(
+        changelog_uri=changelog,
+        mirror_root=str(work / "mirrors"),
+        checkpoint_uri=str(work / "checkpoint"),
+        trigger="available-now",
+        max_files_per_trigger=1,
+        local_merge_max_rows=defaults.local_merge_max_rows if args.merge == "driver" else 0,
+    )
+    timers = Timers()
+    timers.wrap(pipeline.job, "write_batch", timers.write_batch)
+    timers.wrap(pipeline.mirror, "merge_on_driver", timers.merge)
+    timers.wrap(pipeline.mirror, "merge_into_mirror", timers.merge)
+
+    marks = {"process start → profile start (imports, change log landed)": since_process_start()}
+    began = time.monotonic()
+    spark = build_session(
+        "microbatch-profile", master="local[2]", shuffle_partitions=2, extra=spark_settings(config)
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    marks["Spark session"] = time.monotonic() - began
+    began = time.monotonic()
+    log = null_logger()
+    plan = plan_deployment(config, log)
+    for table, shape in plan.shapes.items():
+        ensure_mirror(spark, mirror_uri(config.mirror_root, table), shape, log)
+    marks["deployment plan and mirrors"] = time.monotonic() - began
+    query_started = since_process_start()
+    query = start_query(spark, config, plan, JobStats(), log, PipelineMetrics())
+    marks["query started (start_query returned), from process start"] = since_process_start()
+    query.awaitTermination()
+    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    assert len(progress) == args.versions == len(timers.write_batch), (
+        len(progress),
+        len(timers.write_batch),
+    )
+    marks["first batch done, from process start"] = timers.ended_at[0]
+    marks["first batch done, from start_query"] = timers.ended_at[0] - query_started
+
+    print(
+        f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores, local[2], 2 shuffle "
+        f"partitions; {args.versions} versions of {args.rows_per_version} change rows "
+        f"({MODS_PER_TRANSACTION} mods per transaction), {args.keys} keys, MERGE {args.merge}"
+    )
+    for name, seconds in marks.items():
+        print(f"{name}\t{seconds:.1f} s")
+    print("phase\tfirst batch s\tlater batches median s\tmin-max s")
+    phases: dict[str, list[float]] = {
+        f"spark {name}": [p["durationMs"].get(name, 0) / 1000 for p in progress]
+        for name in SPARK_PHASES
+    }
+    phases["write_batch"] = timers.write_batch
+    phases["  MERGE"] = timers.merge
+    phases["  rest (stateful rows: persist, count, collect)"] = [
+        whole - merge for whole, merge in zip(timers.write_batch, timers.merge, strict=True)
+    ]
+    for name, values in phases.items():
+        later = values[1:]
+        print(
+            f"{name}\t{values[0]:.2f}\t{statistics.median(later):.2f}\t"
+            f"{min(later):.2f}-{max(later):.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
