@@ -327,6 +327,50 @@ def test_restarts_that_do_not_help_are_counted_for_readiness() -> None:
     assert stuck[:3] == [1, 2, 3]
 
 
+class OneTimestampRunSource:
+    """Partition 'steady' heartbeats in real time; partition 'big' sends one transaction of many
+    records at one commit timestamp, slowly: a long run that moves no watermark until it ends
+    (as a large transaction, or an initial query's thousands of child partitions records)."""
+
+    RECORDS = 120
+
+    def read(self, token: str | None, start: Nanos, end: Nanos | None) -> Iterator[ChangeRecord]:
+        if token is None:
+            children = (ChildPartition("steady", ()), ChildPartition("big", ()))
+            yield ChildPartitionsRecord(1000, "0", children)
+            return
+        if token == "steady":
+            for ts in range(max(start, 1001), 1400):
+                time.sleep(0.002)
+                yield HeartbeatRecord(ts)
+            return
+        for sequence in range(self.RECORDS):
+            time.sleep(0.002)
+            yield data_record(1100, "big", sequence, self.RECORDS)
+        yield HeartbeatRecord(1399)
+
+    def transactions(self) -> list[Transaction]:
+        records = tuple(data_record(1100, "big", s, self.RECORDS) for s in range(self.RECORDS))
+        return [Transaction(1100, "big", records)]
+
+
+def test_a_partition_sending_records_at_one_timestamp_is_not_stuck() -> None:
+    """The run takes 0.24 s, 24 heartbeat intervals: silent by its watermark, not by its stream."""
+    log, events = captured_logger()
+    config = ReaderConfig(
+        start_timestamp=1000,
+        end_timestamp=1399,
+        heartbeat_ms=10,
+        stuck_after_heartbeats=5,
+        retry=FAST_RETRY,
+    )
+    reader = ChangeStreamReader(OneTimestampRunSource(), config, log)
+    released: list[Transaction] = []
+    reader.run(lambda r: released.extend(r.transactions), threading.Event())
+    assert released == OneTimestampRunSource().transactions()
+    assert not [e for e in events if e["event"] == "partition_stuck"]
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_tiny_memory_budget_still_completes(seed: int) -> None:
     topology = build_topology(random.Random(seed), events=8, transactions=60)

@@ -21,7 +21,7 @@ import heapq
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -72,8 +72,8 @@ class ReaderConfig:
     commit in flight, clocks apart), and a catching-up query ends this long before now. Real
     Spanner closes a query only once its end is safe; the emulator was not shown to."""
     stuck_after_heartbeats: int = 10
-    """A running partition whose watermark has not moved for this many heartbeat intervals, while
-    another partition's has, is stuck: it is logged and its query started again."""
+    """A running partition that sent no record for this many heartbeat intervals, while another
+    sent some, is stuck: it is logged and its query started again."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
@@ -213,7 +213,7 @@ class ChangeStreamReader:
         """Partitions waiting for a turn, a heap by watermark: the lowest holds the low
         watermark back the longest."""
         self._cycling = False
-        self._moved_at: dict[str, float] = {}
+        self._heard_at: dict[str, float] = {}
         self._stuck_restarts: dict[str, int] = {}
         self._next_stuck_check = 0.0
 
@@ -293,18 +293,18 @@ class ChangeStreamReader:
 
     def _restart_stuck_partitions(self) -> None:
         """Debezium's stuck-partition watchdog: Spanner can leave a partition's stream open and
-        silent. Only partitions silent while another moved count: a quiet or slow stream as a
-        whole is not stuck, nor is one paused by backpressure."""
+        silent. Only partitions silent (no record at all) while another was heard count: a
+        quiet or slow stream as a whole is not stuck, nor is one paused by backpressure."""
         now = self._monotonic()
         heartbeat_s = self._config.heartbeat_ms / 1000
         if now < self._next_stuck_check:
             return
         self._next_stuck_check = now + heartbeat_s / 2
-        if not self._moved_at or self.assembler.buffered_bytes > self._config.memory_budget_bytes:
+        if not self._heard_at or self.assembler.buffered_bytes > self._config.memory_budget_bytes:
             return
         limit = self._config.stuck_after_heartbeats * heartbeat_s
-        silent = {token: now - at for token, at in self._moved_at.items() if now - at > limit}
-        if not silent or len(silent) == len(self._moved_at):
+        silent = {token: now - at for token, at in self._heard_at.items() if now - at > limit}
+        if not silent or len(silent) == len(self._heard_at):
             return
         for token, seconds in silent.items():
             partition = self.tracker.partition(token)
@@ -321,7 +321,7 @@ class ChangeStreamReader:
                 resume_timestamp=to_rfc3339(partition.resume_timestamp),
             )
             self._generations[token] += 1
-            self._moved_at[token] = now
+            self._heard_at[token] = now
             self._start_worker(token, partition.start_timestamp, partition.watermark)
 
     def _retried(self, token: str, state: RetryCallState, start: Nanos, watermark: Nanos) -> None:
@@ -389,21 +389,23 @@ class ChangeStreamReader:
             partition = self.tracker.partition(event.token)
             before = partition.watermark
             self.coordinator.record_read(event.token, event.record)
+            # Any record shows the stream is not silent: a long run at one timestamp (the
+            # initial query's child partitions, a large transaction) moves no watermark.
+            self._heard_at[event.token] = self._monotonic()
             if partition.watermark > before:
-                self._moved_at[event.token] = self._monotonic()
                 self._stuck_restarts.pop(event.token, None)
             if self.assembler.buffered_bytes > self._config.memory_budget_bytes:
                 self._gate.update(True, self.assembler.released_watermark)
         elif isinstance(event, _QueryStarted):
             self.coordinator.query_started(event.token, event.start)
-            self._moved_at.setdefault(event.token, self._monotonic())
+            self._heard_at.setdefault(event.token, self._monotonic())
         elif isinstance(event, _TurnEnded):
-            self._moved_at.pop(event.token, None)
+            self._heard_at.pop(event.token, None)
             partition = self.tracker.partition(event.token)
             heapq.heappush(self._waiting, (partition.watermark, event.token))
         elif isinstance(event, _StreamEnded):
             self.coordinator.stream_ended(event.token)
-            for running in (self._moved_at, self._stuck_restarts, self._generations):
+            for running in (self._heard_at, self._stuck_restarts, self._generations):
                 running.pop(event.token, None)
         else:
             self._log.error(
@@ -506,9 +508,15 @@ class ChangeStreamReader:
         mid-stream."""
         query_start = resume_timestamp(start, progress.watermark)
         watermark_before = progress.watermark
-        self._emit(_QueryStarted(token, generation, query_start))
-        began = self._wall_clock()
         margin = int(self._config.settle_margin_s * NANOS_PER_SECOND)
+        began = self._wall_clock()
+        while self._turn_wanted.is_set() and began - margin <= query_start and not stopped():
+            # Fresher than what has settled while others wait for a turn: wait until there is
+            # something to catch up on, rather than tail a partition until its next heartbeat
+            # (every waiting partition is fresher still: turns go lowest watermark first).
+            self._workers_stop.wait((query_start - began + margin) / NANOS_PER_SECOND)
+            began = self._wall_clock()
+        self._emit(_QueryStarted(token, generation, query_start))
         settled = began - margin
         catching_up = self._turn_wanted.is_set() and query_start < settled
         window = int(self._config.query_window_s * NANOS_PER_SECOND)
@@ -519,28 +527,32 @@ class ChangeStreamReader:
             records = self._source.read(
                 None if token == INITIAL_PARTITION else token, query_start, end
             )
-            for record in records:
-                if isinstance(record, DataChangeRecord):
-                    self._log.debug(
-                        "record_received",
-                        partition_token=token,
-                        commit_timestamp=to_rfc3339(record.commit_timestamp),
-                        server_transaction_id=record.server_transaction_id,
-                        record_sequence=record.record_sequence,
-                    )
-                if stopped():
-                    return _Outcome.FINISHED
-                if self._gate.wait_turn(progress.watermark, self._workers_stop):
-                    return _Outcome.HANDED_BACK
-                progress.watermark = max(progress.watermark, watermark_after(record))
-                progress.ended = progress.ended or ends_partition(token, record)
-                self._emit(_RecordRead(token, generation, record))
-                if (
-                    not (catching_up or progress.ended)
-                    and self._turn_wanted.is_set()
-                    and progress.watermark > watermark_before
-                ):
-                    return _Outcome.HANDED_BACK
+            try:
+                for record in records:
+                    if isinstance(record, DataChangeRecord):
+                        self._log.debug(
+                            "record_received",
+                            partition_token=token,
+                            commit_timestamp=to_rfc3339(record.commit_timestamp),
+                            server_transaction_id=record.server_transaction_id,
+                            record_sequence=record.record_sequence,
+                        )
+                    if stopped():
+                        return _Outcome.FINISHED
+                    if self._gate.wait_turn(progress.watermark, self._workers_stop):
+                        return _Outcome.HANDED_BACK
+                    progress.watermark = max(progress.watermark, watermark_after(record))
+                    progress.ended = progress.ended or ends_partition(token, record)
+                    self._emit(_RecordRead(token, generation, record))
+                    if (
+                        not (catching_up or progress.ended)
+                        and self._turn_wanted.is_set()
+                        and progress.watermark > watermark_before
+                    ):
+                        return _Outcome.HANDED_BACK
+            finally:
+                if isinstance(records, Generator):
+                    records.close()  # a turn handed back cancels its query at once
             if stopped():
                 return _Outcome.FINISHED
             proven = min(end, settled)
