@@ -41,6 +41,9 @@ class ServiceConfig:
     heartbeat_ms: int = 1000
     query_window_s: float = 120.0
     """Each partition query ends this long after it starts, then runs again from where it was."""
+    settle_margin_s: float = 1.0
+    """A query's clean close proves its end only up to this long before it began (the reader's
+    ``settle_margin_s``): the freshness partitions taking turns give up for safety."""
     start_timestamp: Nanos | None = None
     """Where a job without a checkpoint starts; None means now."""
     table_uri: str = "./data/changelog"
@@ -85,6 +88,7 @@ ENVIRONMENT = {
             "dialect",
             "heartbeat_ms",
             "query_window_s",
+            "settle_margin_s",
             "start_timestamp",
             "table_uri",
             "job_id",
@@ -128,6 +132,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "dialect": choice("auto", "googlesql", "postgresql"),
     "heartbeat_ms": integer(MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS),
     "query_window_s": seconds(1, 1800),
+    "settle_margin_s": seconds(0, 60),
     "start_timestamp": _timestamp,
     "table_uri": non_empty,
     "job_id": _job_id,

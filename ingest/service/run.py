@@ -179,6 +179,7 @@ def _stream(
             memory_budget_bytes=config.memory_budget_mb * 1024 * 1024,
             stats_interval_s=config.stats_interval_s,
             query_window_s=config.query_window_s,
+            settle_margin_s=config.settle_margin_s,
             stuck_after_heartbeats=config.stuck_after_heartbeats,
         ),
         log,
