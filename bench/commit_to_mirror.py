@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.pop("SPANNER_EMULATOR_HOST", None)
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-from decode_speed import production_record
+from decode_speed import in_place_of, production_record
 from wide_reader import serve
 
 from emulator.local_run import (
@@ -54,6 +54,7 @@ from emulator.local_run import (
     landing_marks,
     mirror_latencies,
     percentile,
+    pipeline_process,
     visible_at,
 )
 from emulator.processes import Process
@@ -98,20 +99,10 @@ def inserting_topology(
                 Mod({"c0": str((number * 8 + sequence) * rows + row)}, mod.new_values, {})
                 for row, mod in enumerate(template.mods[:rows])
             )
-            records.append(
-                dataclasses.replace(
-                    template,
-                    mods=mods,
-                    mod_type="INSERT",
-                    value_capture_type="NEW_ROW",
-                    commit_timestamp=record.commit_timestamp,
-                    record_sequence=record.record_sequence,
-                    server_transaction_id=record.server_transaction_id,
-                    is_last_record_in_transaction_in_partition=False,
-                    number_of_records_in_transaction=record.number_of_records_in_transaction,
-                    number_of_partitions_in_transaction=record.number_of_partitions_in_transaction,
-                )
+            inserting = dataclasses.replace(
+                template, mods=mods, mod_type="INSERT", value_capture_type="NEW_ROW"
             )
+            records.append(in_place_of(inserting, record))
         shaped.append(
             Transaction(
                 transaction.commit_timestamp, transaction.server_transaction_id, tuple(records)
@@ -155,22 +146,6 @@ def ingest(port: int, changelog: str, start: Nanos) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     reader.run(batcher.on_release, stop, on_tick=batcher.on_tick)
     batcher.flush()
-
-
-def pipeline_process(folder: Path, changelog: Path) -> Process:
-    """``python -m pipeline run`` as ``make run`` starts it (emulator/local_run.py)."""
-    return Process(
-        ["-m", "pipeline", "run"],
-        folder / "pipeline.log",
-        {
-            "PIPELINE_CHANGELOG_URI": str(changelog),
-            "PIPELINE_MIRROR_ROOT": str(folder / "mirrors"),
-            "PIPELINE_CHECKPOINT_URI": str(folder / "pipeline-checkpoint"),
-            "PIPELINE_MASTER": "local[2]",
-            "PIPELINE_SHUFFLE_PARTITIONS": "2",
-            "PIPELINE_METRICS_PORT": "0",
-        },
-    )
 
 
 def run_case(args: argparse.Namespace, rate: float, folder: Path) -> dict[str, Any]:

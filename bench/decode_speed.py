@@ -13,6 +13,7 @@ Usage: python bench/decode_speed.py [--records 5000] [--columns 10] [--repeats 3
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import sys
@@ -81,6 +82,20 @@ def production_record(number: int, columns: int) -> DataChangeRecord:
         number_of_partitions_in_transaction=1,
         transaction_tag="",
         is_system_transaction=False,
+    )
+
+
+def in_place_of(template: DataChangeRecord, record: DataChangeRecord) -> DataChangeRecord:
+    """``template``'s table and mods, in ``record``'s place: its commit timestamp, transaction
+    and sequence (a simulated topology's record given a production shape)."""
+    return dataclasses.replace(
+        template,
+        commit_timestamp=record.commit_timestamp,
+        record_sequence=record.record_sequence,
+        server_transaction_id=record.server_transaction_id,
+        is_last_record_in_transaction_in_partition=False,
+        number_of_records_in_transaction=record.number_of_records_in_transaction,
+        number_of_partitions_in_transaction=record.number_of_partitions_in_transaction,
     )
 
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.pop("SPANNER_EMULATOR_HOST", None)
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-from decode_speed import production_record
+from decode_speed import in_place_of, production_record
 from wide_reader import serve
 
 from ingest.changestream.query import ChangeStreamQuery, statement
@@ -59,16 +59,7 @@ def production_topology(partitions: int, transactions: int) -> Topology:
     shaped = []
     for number, transaction in enumerate(topology.transactions):
         records = tuple(
-            dataclasses.replace(
-                production_record(number, 10),
-                commit_timestamp=record.commit_timestamp,
-                record_sequence=record.record_sequence,
-                server_transaction_id=record.server_transaction_id,
-                is_last_record_in_transaction_in_partition=False,
-                number_of_records_in_transaction=record.number_of_records_in_transaction,
-                number_of_partitions_in_transaction=record.number_of_partitions_in_transaction,
-            )
-            for record in transaction.records
+            in_place_of(production_record(number, 10), record) for record in transaction.records
         )
         shaped.append(
             Transaction(transaction.commit_timestamp, transaction.server_transaction_id, records)

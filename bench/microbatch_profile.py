@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pipeline_throughput import MODS_PER_TRANSACTION, land_changelog
+from pipeline_throughput import MODS_PER_TRANSACTION, available_now, land_changelog
 
 import pipeline.job
 import pipeline.mirror
@@ -93,12 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     changelog = str(work / "changelog")
     land_changelog(changelog, rows, min(args.keys, rows), args.versions)
     defaults = PipelineConfig()
-    config = PipelineConfig(
-        changelog_uri=changelog,
-        mirror_root=str(work / "mirrors"),
-        checkpoint_uri=str(work / "checkpoint"),
-        trigger="available-now",
-        max_files_per_trigger=1,
+    config = available_now(
+        changelog,
+        work,
         local_merge_max_rows=defaults.local_merge_max_rows if args.merge == "driver" else 0,
     )
     timers = Timers()

@@ -171,14 +171,20 @@ def newest_change_per_key(batch: DataFrame, shapes: dict[str, Any]) -> DataFrame
     )
 
 
-def run_variant(spark: Any, variant: str, changelog: str, work: Path) -> dict[str, Any]:
-    config = PipelineConfig(
+def available_now(changelog: str, work: Path, **overrides: Any) -> PipelineConfig:
+    """The job over the whole change log, one version per micro-batch, then stop."""
+    return PipelineConfig(
         changelog_uri=changelog,
         mirror_root=str(work / "mirrors"),
         checkpoint_uri=str(work / "checkpoint"),
         trigger="available-now",
         max_files_per_trigger=1,
+        **overrides,
     )
+
+
+def run_variant(spark: Any, variant: str, changelog: str, work: Path) -> dict[str, Any]:
+    config = available_now(changelog, work)
     log = null_logger()
     plan = plan_deployment(config, log)
     for table, shape in plan.shapes.items():

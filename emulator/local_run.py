@@ -144,11 +144,16 @@ def product_processes(options: RunOptions, database: str) -> tuple[Process, Proc
             "INGEST_SNAPSHOT_MODE": "initial",
         },
     )
-    pipeline = Process(
+    return ingest, pipeline_process(folder, folder / "changelog")
+
+
+def pipeline_process(folder: Path, changelog: Path) -> Process:
+    """``python -m pipeline run`` on ``changelog``; mirrors, checkpoint and log in ``folder``."""
+    return Process(
         ["-m", "pipeline", "run"],
         folder / "pipeline.log",
         {
-            "PIPELINE_CHANGELOG_URI": str(folder / "changelog"),
+            "PIPELINE_CHANGELOG_URI": str(changelog),
             "PIPELINE_MIRROR_ROOT": str(folder / "mirrors"),
             "PIPELINE_CHECKPOINT_URI": str(folder / "pipeline-checkpoint"),
             "PIPELINE_MASTER": "local[2]",
@@ -156,7 +161,6 @@ def product_processes(options: RunOptions, database: str) -> tuple[Process, Proc
             "PIPELINE_METRICS_PORT": "0",
         },
     )
-    return ingest, pipeline
 
 
 def visible_at(commit_timestamps: list[int], marks: list[tuple[int, int]]) -> list[int | None]:
