@@ -62,7 +62,9 @@ def run_script(name: str, args: list[str], timeout: float) -> str:
         timeout=timeout,
         cwd=BENCH.parent,
     )
-    assert result.returncode == 0, f"{name} exited {result.returncode}:\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, (
+        f"{name} exited {result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    )
     return result.stdout
 
 
