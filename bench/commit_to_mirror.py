@@ -50,10 +50,10 @@ from decode_speed import in_place_of, production_record
 from wide_reader import serve
 
 from emulator.local_run import (
-    batch_marks,
     landing_marks,
     mirror_latencies,
     percentile,
+    pipeline_latencies,
     pipeline_process,
     visible_at,
 )
@@ -167,8 +167,11 @@ def run_case(args: argparse.Namespace, rate: float, folder: Path) -> dict[str, A
     pipeline_processes: list[subprocess.Popen[bytes]] = []
 
     def cpu_now() -> dict[str, float]:
-        pids = {"server": server.pid, "ingest": ingest_process.pid}
-        pids["pipeline"] = pipeline_processes[0].pid
+        pids = {
+            "server": server.pid,
+            "ingest": ingest_process.pid,
+            "pipeline": pipeline_processes[0].pid,
+        }
         return {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
 
     cpu: dict[str, float] = {}
@@ -208,10 +211,7 @@ def run_case(args: argparse.Namespace, rate: float, folder: Path) -> dict[str, A
     mirror = mirror_latencies(measured, batches)
     landed = visible_at(measured, landing_marks(commits))
     ingest_share = [(land - c) / 1e9 for c, land in zip(measured, landed, strict=True) if land]
-    mirrored = visible_at(measured, batch_marks(batches))
-    pipeline_share = [
-        (m - land) / 1e9 for land, m in zip(landed, mirrored, strict=True) if land and m
-    ]
+    pipeline_share = pipeline_latencies(measured, batches, commits)
     return {
         "rate": rate,
         "committed": len(topology.transactions),
