@@ -20,7 +20,6 @@ import io
 import os
 import platform
 import random
-import resource
 import sys
 import tempfile
 import threading
@@ -34,7 +33,7 @@ os.environ.pop("SPANNER_EMULATOR_HOST", None)
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from decode_speed import in_place_of, production_record
-from wide_reader import serve
+from wide_reader import cpu_seconds, serve
 
 from ingest.changestream.query import ChangeStreamQuery, statement
 from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
@@ -77,11 +76,6 @@ class Recording:
     def read(self, token: str | None, start: Nanos, end: Nanos | None) -> Iterator[ChangeRecord]:
         self.queries.append((token, start, end))
         yield from self.inner.read(token, start, end)
-
-
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def measure(work: Callable[[], int], repeats: int = 2) -> tuple[int, float, float]:
