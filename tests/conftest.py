@@ -58,6 +58,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(line)
 
 
+@pytest.fixture
+def no_emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """For tests on the scripted server: the client prefers SPANNER_EMULATOR_HOST to any
+    endpoint it is given."""
+    monkeypatch.delenv("SPANNER_EMULATOR_HOST", raising=False)
+    yield
+
+
 TOKEN_ALIVE_SECONDS = 1
 """Partition tokens live 1 to 2 s on the emulator. At 2 (2 to 4 s) a loaded 2-core machine
 churned too slowly for 5 split/merge cycles in a 55 s run; faster churn is the harder test."""

@@ -313,8 +313,6 @@ class Script:
     close_at_end: bool = False
     """Live: close a query once the clock reaches its end timestamp even while records up to
     it are held back, as a server that does not wait for its end to be safe would."""
-    sent_at: dict[tuple[str, str], int] = field(default_factory=dict)
-    """Live: when each data change record was first sent (wall clock), filled by the server."""
 
 
 class ScriptedChangeStreamServicer(SpannerServicer):
@@ -327,6 +325,8 @@ class ScriptedChangeStreamServicer(SpannerServicer):
         self.stalls_fired = 0
         self.reported_by: dict[str, set[str]] = {}
         self.queried_before_parents: list[str] = []
+        self.sent_at: dict[tuple[str, str], int] = {}
+        """Live: when each data change record was first sent (wall clock)."""
 
     def ExecuteStreamingSql(
         self, request: Any, context: grpc.ServicerContext
@@ -433,7 +433,7 @@ class ScriptedChangeStreamServicer(SpannerServicer):
                 if isinstance(row, DataChangeRecord):
                     with self._lock:
                         key = (row.server_transaction_id, row.record_sequence)
-                        self.script.sent_at.setdefault(key, now)
+                        self.sent_at.setdefault(key, now)
                 yield partial(row, last_sent)
                 quiet_since = now
                 more_children = pending and isinstance(pending[-1][3], ChildPartitionsRecord)

@@ -14,9 +14,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,12 +30,6 @@ from tests.simulation import Topology, build_wide_topology
 
 MOST_HELD_S = 0.3
 MARGIN_S = 0.4
-
-
-@pytest.fixture
-def no_emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("SPANNER_EMULATOR_HOST", raising=False)
-    yield
 
 
 def read_held_back(
@@ -68,7 +60,7 @@ def read_held_back(
     script = Script(
         streams, parents=parents_of(streams), live=True, hold_back_ns=hold_back, close_at_end=True
     )
-    server, _, port = start_server(script, workers=4 * turns + 8)
+    server, servicer, port = start_server(script, workers=4 * turns + 8)
     config = ReaderConfig(
         start_timestamp=topology.start,
         end_timestamp=topology.end,
@@ -90,7 +82,7 @@ def read_held_back(
         now = time.time_ns()
         released.extend(release.transactions)
         for key, commit in commit_of.items():
-            sent = script.sent_at.get(key)
+            sent = servicer.sent_at.get(key)
             if commit <= release.low_watermark and (sent is None or sent > now):
                 passed_unsent.append(
                     f"low watermark {to_rfc3339(release.low_watermark)} passed {key} "

@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -56,12 +55,6 @@ class Sampler:
             self.most_threads = max(self.most_threads, len(threads))
             self.most_turn_threads = max(self.most_turn_threads, turn_threads())
             self.most_rss = max(self.most_rss, rss_bytes())
-
-
-@pytest.fixture
-def no_emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("SPANNER_EMULATOR_HOST", raising=False)
-    yield
 
 
 def run_until(
