@@ -147,6 +147,10 @@ def test_ingest_deployment_is_one_recreated_replica_with_probes_limits_and_confi
         assert container[probe]["httpGet"]["port"] == container["ports"][0]["name"]
     assert {"cpu", "memory"} <= container["resources"]["requests"].keys()
     assert {"cpu", "memory"} <= container["resources"]["limits"].keys()
+    token_file = Path(config["data"]["INGEST_CONTROL_TOKEN_FILE"])
+    (mount,) = (m for m in container["volumeMounts"] if m["mountPath"] == str(token_file.parent))
+    (volume,) = (v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert mount["readOnly"] and volume["secret"]["secretName"], "the control token is a secret"
     text = (ROOT / "deploy" / "kubernetes" / "ingest.yaml").read_text()
     assert "private_key" not in text and "GOOGLE_APPLICATION_CREDENTIALS:" not in text
 

@@ -8,13 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from emulator.server import free_port
-from ingest.service.health import HealthServer
+from ingest.service.health import HealthServer, token_file
 from tests.checks import start_after_setup
 from tests.delta_checks import assert_change_log_invariants, read_versions
 from tests.processes import Service, background_workload, wait_until_landed
@@ -85,6 +86,55 @@ def test_readiness_fails_once_a_stuck_partition_restarts_without_moving() -> Non
         assert not ok and body["stuck_partition_restarts"] == 3
     finally:
         health.close()
+
+
+def test_a_control_request_without_the_token_gets_401_and_changes_nothing(tmp_path: Path) -> None:
+    class Landed:
+        commits = 1
+        last_commit_at = time.monotonic()
+
+    asked: list[list[str]] = []
+
+    def snapshot_requests(tables: list[str]) -> tuple[int, dict[str, object]]:
+        asked.append(tables)
+        return 200, {"tables": tables}
+
+    secret = tmp_path / "token"
+
+    def post(server: HealthServer, headers: dict[str, str]) -> tuple[int, str, str | None]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}/snapshot?table=transfers", method="POST"
+        )
+        for name, header in headers.items():
+            request.add_header(name, header)
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status, response.read().decode(), None
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode(), error.headers.get("WWW-Authenticate")
+
+    off = HealthServer(0, 60.0, Landed(), control_token=token_file(""))
+    open_one = HealthServer(0, 60.0, Landed(), control_token=token_file(str(secret)))
+    try:
+        for server in (off, open_one):
+            server.snapshot_requests = snapshot_requests
+        status, body, challenge = post(off, {"Authorization": "Bearer anything"})
+        assert status == 401 and "control requests are off" in body and challenge
+        secret.write_text("s3cret\n")
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
+            status, _, challenge = post(open_one, headers)
+            assert status == 401 and challenge, headers
+        assert asked == [], "a refused request reached the snapshot"
+        assert post(open_one, {"Authorization": "Bearer s3cret"})[0] == 200
+        secret.write_text("rotated")
+        assert post(open_one, {"Authorization": "Bearer s3cret"})[0] == 401
+        assert post(open_one, {"Authorization": "Bearer rotated"})[0] == 200
+        assert asked == [["transfers"], ["transfers"]]
+        with urllib.request.urlopen(f"http://127.0.0.1:{open_one.port}/readyz", timeout=5) as ok:
+            assert ok.status == 200, "reads stay open"
+    finally:
+        off.close()
+        open_one.close()
 
 
 @pytest.mark.emulator

@@ -6,6 +6,7 @@ included."""
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import subprocess
 import sys
@@ -28,11 +29,12 @@ from tests.checks import apply_ddl, compare_at_watermark
 from tests.processes import Pipeline, Service, background_workload
 
 
-def snapshot_table(port: int, table: str) -> subprocess.CompletedProcess[str]:
+def snapshot_table(port: int, table: str, token_file: Path) -> subprocess.CompletedProcess[str]:
     """``python -m ingest snapshot-table`` as an operator runs it."""
     url = f"http://127.0.0.1:{port}"
+    command = ["snapshot-table", "--table", table, "--url", url, "--token-file", str(token_file)]
     return subprocess.run(
-        [sys.executable, "-m", "ingest", "snapshot-table", "--table", table, "--url", url],
+        [sys.executable, "-m", "ingest", *command],
         capture_output=True,
         text=True,
         timeout=120,
@@ -81,6 +83,8 @@ def test_a_table_snapshotted_on_demand_comes_back_to_spanner_while_writes_go_on(
     apply_ddl(database, "CREATE CHANGE STREAM mirrored FOR ALL")
     changelog = tmp_path / "changelog"
     port = free_port()
+    token = tmp_path / "control-token"
+    token.write_text(secrets.token_urlsafe(24) + "\n")
     service = Service(
         database.database_id,
         changelog,
@@ -90,6 +94,7 @@ def test_a_table_snapshotted_on_demand_comes_back_to_spanner_while_writes_go_on(
         INGEST_SNAPSHOT_MODE="initial",
         INGEST_SNAPSHOT_CHUNK_ROWS="250",
         INGEST_HEALTH_PORT=str(port),
+        INGEST_CONTROL_TOKEN_FILE=str(token),
     )
     pipeline = Pipeline(changelog, tmp_path, tmp_path / "pipeline.log")
     weights = dict(transfer_weight=1.0, all_types_weight=0.0, cleanup_weight=0.5)
@@ -114,13 +119,17 @@ def test_a_table_snapshotted_on_demand_comes_back_to_spanner_while_writes_go_on(
         behind = absent_keys(DeltaTable(str(changelog)), "transfers", back, spanner_keys(database))
         assert len(behind) >= 30, "the change log holds rows Spanner deleted in the gap"
 
-        asked = snapshot_table(port, "transfers")
+        stranger = tmp_path / "stranger-token"
+        stranger.write_text("not-the-token")
+        unauthenticated = snapshot_table(port, "transfers", stranger)
+        assert unauthenticated.returncode == 2 and "(401)" in unauthenticated.stderr
+        asked = snapshot_table(port, "transfers", token)
         assert asked.returncode == 0, asked.stderr
         answer = json.loads(asked.stdout)
         t1 = parse_rfc3339(answer["read_timestamp"])
         assert answer["tables"] == ["transfers"] and t1 >= back
         service.wait_for("table_snapshot_done", 1, timeout=180, process=process)
-        refused = snapshot_table(port, "no_such_table")
+        refused = snapshot_table(port, "no_such_table", token)
         assert refused.returncode == 2 and "not captured" in refused.stderr, refused.stderr
         stop_workload.set()
         workload.join()

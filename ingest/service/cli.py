@@ -20,6 +20,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NoReturn, TextIO
 
 from google.api_core import exceptions as api_exceptions
@@ -107,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--url",
         default=f"http://127.0.0.1:{os.environ.get('INGEST_HEALTH_PORT', '8080')}",
         help="the service's health port (default http://127.0.0.1:$INGEST_HEALTH_PORT or 8080)",
+    )
+    again.add_argument(
+        "--token-file",
+        default=os.environ.get("INGEST_CONTROL_TOKEN_FILE", ""),
+        help="the service's control token (default $INGEST_CONTROL_TOKEN_FILE)",
     )
     return parser
 
@@ -218,7 +224,15 @@ class SnapshotRequestRefused(RuntimeError):
 def request_table_snapshot(args: argparse.Namespace, out: TextIO) -> int:
     """Print the service's answer (T1 and the tables) once the request is recorded."""
     query_text = urllib.parse.urlencode([("table", t) for t in args.table])
-    request = urllib.request.Request(f"{args.url}/snapshot?{query_text}", method="POST")
+    headers = {}
+    if args.token_file:
+        try:
+            headers["Authorization"] = f"Bearer {Path(args.token_file).read_text().strip()}"
+        except OSError as error:
+            raise SnapshotRequestRefused(f"cannot read the control token: {error}") from None
+    request = urllib.request.Request(
+        f"{args.url}/snapshot?{query_text}", method="POST", headers=headers
+    )
     try:
         with urllib.request.urlopen(request, timeout=90) as response:
             out.write(response.read().decode() + "\n")

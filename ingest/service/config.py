@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from ingest.changestream.query import (
@@ -57,6 +58,9 @@ class ServiceConfig:
     """How often the stream's watched columns are read, so drops land as schema rows."""
     lease_s: float = 90.0
     health_port: int = 8080
+    control_token_file: str = ""
+    """A file (a mounted secret) holding the bearer token ``POST /snapshot`` must carry; empty
+    turns control requests off. Read at each request, so a rotated secret applies at once."""
     readiness_s: float = 120.0
     stats_interval_s: float = 10.0
     max_concurrent_partitions: int = 512
@@ -99,6 +103,7 @@ ENVIRONMENT = {
             "watched_columns_interval_s",
             "lease_s",
             "health_port",
+            "control_token_file",
             "readiness_s",
             "stats_interval_s",
             "max_concurrent_partitions",
@@ -118,6 +123,13 @@ def _timestamp(value: Any) -> Nanos | None:
     if text in ("", "now"):
         return None
     return parse_rfc3339(text)
+
+
+def _token_file(value: Any) -> str:
+    path = str(value)
+    if path and not (os.path.isfile(path) and Path(path).read_text().strip()):
+        raise ValueError(f"{path} is not a readable file holding a token")
+    return path
 
 
 def _job_id(value: Any) -> str:
@@ -143,6 +155,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "watched_columns_interval_s": seconds(0.1, 3_000),
     "lease_s": seconds(1, 86_400),
     "health_port": integer(0, 65_535),
+    "control_token_file": _token_file,
     "readiness_s": seconds(1, 86_400),
     "stats_interval_s": seconds(0.1, 86_400),
     "max_concurrent_partitions": integer(1, 100_000),

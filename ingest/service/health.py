@@ -1,19 +1,44 @@
 """The service's health endpoints, for container probes, its Prometheus ``/metrics``, and the one
-control request it takes: ``POST /snapshot?table=…`` (an on-demand table snapshot)."""
+control request it takes: ``POST /snapshot?table=…`` (an on-demand table snapshot).
+
+Reads are open, as probes and scrapers need. The control request changes data (full table reads,
+change-log writes), so it needs ``Authorization: Bearer <token>`` with the token of a mounted
+secret; without a configured token it is refused, never open."""
 
 from __future__ import annotations
 
+import hmac
 import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
 SnapshotRequests = Callable[[list[str]], tuple[int, dict[str, object]]]
+ControlToken = Callable[[], str | None]
+"""The token a control request must carry, read when the request comes (a rotated secret takes
+effect without a restart); None when control is off."""
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def token_file(path: str) -> ControlToken:
+    """The control token kept in ``path`` (a mounted secret), read at each request; '' turns
+    control off."""
+
+    def read() -> str | None:
+        if not path:
+            return None
+        try:
+            token = Path(path).read_text().strip()
+        except OSError:
+            return None
+        return token or None
+
+    return read
 
 
 class Committer(Protocol):
@@ -42,8 +67,14 @@ class HealthServer:
     in a row without moving."""
 
     def __init__(
-        self, port: int, readiness_s: float, committer: Committer, max_stuck_restarts: int = 3
+        self,
+        port: int,
+        readiness_s: float,
+        committer: Committer,
+        max_stuck_restarts: int = 3,
+        control_token: ControlToken = lambda: None,
     ) -> None:
+        self._control_token = control_token
         self.last_tick = time.monotonic()
         self.committer = committer
         self.snapshot_requests: SnapshotRequests | None = None
@@ -68,10 +99,12 @@ class HealthServer:
                 self._send(200 if ok else 503, body)
 
             def do_POST(self) -> None:
-                self._send(*health.post(self.path))
+                self._send(*health.post(self.path, self.headers.get("Authorization")))
 
             def _send(self, status: int, body: dict[str, object]) -> None:
                 self.send_response(status)
+                if status == 401:
+                    self.send_header("WWW-Authenticate", 'Bearer realm="ingest control"')
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
                 self.wfile.write(json.dumps(body).encode())
@@ -100,13 +133,28 @@ class HealthServer:
             }
         return False, {"error": "unknown path"}
 
-    def post(self, path: str) -> tuple[int, dict[str, object]]:
+    def post(self, path: str, authorization: str | None) -> tuple[int, dict[str, object]]:
         url = urlsplit(path)
         if url.path != "/snapshot":
             return 404, {"error": "unknown path"}
+        refused = self._unauthorized(authorization)
+        if refused is not None:
+            return 401, {"error": refused}
         if self.snapshot_requests is None:
             return 503, {"error": "not streaming yet (the initial snapshot is running)"}
         return self.snapshot_requests(parse_qs(url.query).get("table", []))
+
+    def _unauthorized(self, authorization: str | None) -> str | None:
+        """Why the request may not change anything, or None when its bearer token is the one."""
+        expected = self._control_token()
+        if expected is None:
+            return "control requests are off: no readable control token (control_token_file)"
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            return "a control request needs 'Authorization: Bearer <token>'"
+        if not hmac.compare_digest(given.strip().encode(), expected.encode()):
+            return "the token does not match the service's control token"
+        return None
 
     def tick(self) -> None:
         self.last_tick = time.monotonic()

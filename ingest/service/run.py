@@ -33,7 +33,7 @@ from ingest.model.snapshot import SnapshotMode, SnapshotProgress
 from ingest.model.timestamps import to_rfc3339
 from ingest.rules.resume import ResumePoint, start_point
 from ingest.service.config import ServiceConfig
-from ingest.service.health import Commits, HealthServer
+from ingest.service.health import Commits, HealthServer, token_file
 from ingest.service.metrics import IngestMetrics
 from ingest.service.snapshot import SnapshotSettings, check_reachable, run_snapshot
 from ingest.service.table_snapshot import TableSnapshots
@@ -96,7 +96,11 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
     metrics.sources.snapshot = lambda: sink.table_snapshot or sink.snapshot
     health = (
         HealthServer(
-            config.health_port, config.readiness_s, snapshot_commits, config.max_stuck_restarts
+            config.health_port,
+            config.readiness_s,
+            snapshot_commits,
+            config.max_stuck_restarts,
+            token_file(config.control_token_file),
         )
         if config.health_port
         else None
