@@ -3,9 +3,11 @@ transactions spread over several partitions, and streams cut mid-way."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -146,6 +148,43 @@ def test_a_partition_left_hanging_is_restarted_through_the_client_and_nothing_is
     stuck = [e for e in events if e["event"] == "partition_stuck"]
     assert [e["partition_token"] for e in stuck] == ["stalled"]
     assert [q[1] for q in servicer.queries if q[0] == "stalled"] == [1000, 1030]
+
+
+@pytest.mark.parametrize("over_budget", [False, True])
+def test_the_only_live_partition_left_hanging_is_cancelled_and_restarted(
+    serve, over_budget: bool
+) -> None:
+    """One live partition sends three rows, then its stream stays open and silent for 30 s,
+    nothing else moving (and, over the memory budget, the buffer full): the watchdog restarts
+    it, and the query's deadline cancels the hung stream so its thread ends."""
+    times = range(1010, 1010 + 10 * 50, 10)
+    stalled = [record(ts, f"tx{ts}", 0, 1) for ts in times]
+    streams: dict[str, list] = {
+        INITIAL_PARTITION: [ChildPartitionsRecord(1000, "0", (ChildPartition("alone", ()),))],
+        "alone": stalled,
+    }
+    servicer, source = serve(Script(streams, stalls={"alone": Stall(after_rows=3, seconds=30)}))
+    log, events = captured_logger()
+    config = ReaderConfig(
+        start_timestamp=1000,
+        end_timestamp=times[-1],
+        heartbeat_ms=100,
+        stuck_after_heartbeats=3,
+        retry=FAST_RETRY,
+        memory_budget_bytes=1 if over_budget else 256 * 1024 * 1024,
+    )
+    released: list[Transaction] = []
+    reader = ChangeStreamReader(dataclasses.replace(source, deadline_slack_s=2.0), config, log)
+    reader.run(lambda r: released.extend(r.transactions), threading.Event())
+    assert released == [
+        Transaction(r.commit_timestamp, r.server_transaction_id, (r,)) for r in stalled
+    ]
+    stuck = [e for e in events if e["event"] == "partition_stuck"]
+    assert [e["partition_token"] for e in stuck] == ["alone"] and servicer.stalls_fired == 1
+    hung_until = time.monotonic() + 20
+    while any(t.name == "partition-alone" for t in threading.enumerate()):
+        assert time.monotonic() < hung_until, "the hung stream's thread never ended"
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("honor_resume_tokens", [True, False])

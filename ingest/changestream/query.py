@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -227,6 +228,17 @@ class ChangeStreamQuery:
     dialect: Dialect
     heartbeat_ms: int
     mutable_key_range: bool = False
+    deadline_slack_s: float = 60.0
+    """A query's gRPC deadline is its end plus this: a stream Spanner leaves hanging is
+    cancelled and its thread ends, even after the watchdog has moved on. Time for a catching-up
+    query's backlog and for pauses under backpressure; one that needs longer is retried from
+    where it got to (``DeadlineExceeded`` is transient)."""
+    wall_clock: Callable[[], Nanos] = time.time_ns
+
+    def deadline_s(self, end: Nanos | None) -> float | None:
+        if end is None:
+            return None
+        return max(0.0, (end - self.wall_clock()) / NANOS_PER_SECOND) + self.deadline_slack_s
 
     def check_readable_from(self, start: Nanos) -> None:
         """Refuse a start the stream cannot be read from (before the stream was created):
@@ -258,7 +270,13 @@ class ChangeStreamQuery:
             self.mutable_key_range,
         )
         with self.database.snapshot() as snapshot:
-            results = snapshot.execute_sql(sql, params=params, param_types=types, lazy_decode=True)
+            results = snapshot.execute_sql(
+                sql,
+                params=params,
+                param_types=types,
+                lazy_decode=True,
+                timeout=self.deadline_s(end),
+            )
             to_records = None
             for row in results:
                 if to_records is None:

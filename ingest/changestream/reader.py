@@ -171,6 +171,10 @@ class _Progress:
     ended: bool = False
     """Its last record arrived (``partitions.ends_partition``)."""
     failures_without_progress: int = 0
+    waiting_since: float | None = None
+    """Since when (monotonic) the worker has waited on the source for its next record; None
+    while it does anything else (applies a record, waits for backpressure or for its end to
+    settle, backs off). The watchdog's measure of silence, taken where the silence is."""
 
 
 class ChangeStreamReader:
@@ -213,7 +217,8 @@ class ChangeStreamReader:
         """Partitions waiting for a turn, a heap by watermark: the lowest holds the low
         watermark back the longest."""
         self._cycling = False
-        self._heard_at: dict[str, float] = {}
+        self._running: dict[str, _Progress] = {}
+        """The progress of each partition's current worker, read by the watchdog."""
         self._stuck_restarts: dict[str, int] = {}
         self._next_stuck_check = 0.0
 
@@ -284,28 +289,30 @@ class ChangeStreamReader:
             self._cycling = cycling
 
     def _start_worker(self, token: str, start: Nanos, watermark: Nanos) -> None:
+        progress = self._running[token] = _Progress(watermark=watermark)
         threading.Thread(
             target=self._read_partition,
-            args=(token, start, watermark, self._generations[token]),
+            args=(token, start, progress, self._generations[token]),
             name=f"partition-{token[:12] or 'initial'}",
             daemon=True,
         ).start()
 
     def _restart_stuck_partitions(self) -> None:
         """Debezium's stuck-partition watchdog: Spanner can leave a partition's stream open and
-        silent. Only partitions silent (no record at all) while another was heard count: a
-        quiet or slow stream as a whole is not stuck, nor is one paused by backpressure."""
+        silent. A partition whose worker has waited on its stream for ``stuck_after_heartbeats``
+        heartbeat intervals without a record (Spanner sends a heartbeat every interval) is
+        stuck, whatever the others do: alone, or holding the low watermark over the budget."""
         now = self._monotonic()
         heartbeat_s = self._config.heartbeat_ms / 1000
         if now < self._next_stuck_check:
             return
         self._next_stuck_check = now + heartbeat_s / 2
-        if not self._heard_at or self.assembler.buffered_bytes > self._config.memory_budget_bytes:
-            return
         limit = self._config.stuck_after_heartbeats * heartbeat_s
-        silent = {token: now - at for token, at in self._heard_at.items() if now - at > limit}
-        if not silent or len(silent) == len(self._heard_at):
-            return
+        silent = {
+            token: now - progress.waiting_since
+            for token, progress in self._running.items()
+            if progress.waiting_since is not None and now - progress.waiting_since > limit
+        }
         for token, seconds in silent.items():
             partition = self.tracker.partition(token)
             restarts = self._stuck_restarts[token] = self._stuck_restarts.get(token, 0) + 1
@@ -321,7 +328,6 @@ class ChangeStreamReader:
                 resume_timestamp=to_rfc3339(partition.resume_timestamp),
             )
             self._generations[token] += 1
-            self._heard_at[token] = now
             self._start_worker(token, partition.start_timestamp, partition.watermark)
 
     def _retried(self, token: str, state: RetryCallState, start: Nanos, watermark: Nanos) -> None:
@@ -389,23 +395,19 @@ class ChangeStreamReader:
             partition = self.tracker.partition(event.token)
             before = partition.watermark
             self.coordinator.record_read(event.token, event.record)
-            # Any record shows the stream is not silent: a long run at one timestamp (the
-            # initial query's child partitions, a large transaction) moves no watermark.
-            self._heard_at[event.token] = self._monotonic()
             if partition.watermark > before:
                 self._stuck_restarts.pop(event.token, None)
             if self.assembler.buffered_bytes > self._config.memory_budget_bytes:
                 self._gate.update(True, self.assembler.released_watermark)
         elif isinstance(event, _QueryStarted):
             self.coordinator.query_started(event.token, event.start)
-            self._heard_at.setdefault(event.token, self._monotonic())
         elif isinstance(event, _TurnEnded):
-            self._heard_at.pop(event.token, None)
+            self._running.pop(event.token, None)
             partition = self.tracker.partition(event.token)
             heapq.heappush(self._waiting, (partition.watermark, event.token))
         elif isinstance(event, _StreamEnded):
             self.coordinator.stream_ended(event.token)
-            for running in (self._heard_at, self._stuck_restarts, self._generations):
+            for running in (self._running, self._stuck_restarts, self._generations):
                 running.pop(event.token, None)
         else:
             self._log.error(
@@ -457,9 +459,11 @@ class ChangeStreamReader:
             except queue.Full:
                 continue
 
-    def _read_partition(self, token: str, start: Nanos, watermark: Nanos, generation: int) -> None:
+    def _read_partition(
+        self, token: str, start: Nanos, progress: _Progress, generation: int
+    ) -> None:
         """One turn: query the partition until it finishes, or until its turn is wanted."""
-        progress = _Progress(watermark=watermark)
+        watermark = progress.watermark
 
         def stopped() -> bool:
             return self._workers_stop.is_set() or self._generations.get(token) != generation
@@ -528,7 +532,7 @@ class ChangeStreamReader:
                 None if token == INITIAL_PARTITION else token, query_start, end
             )
             try:
-                for record in records:
+                for record in _listened(records, progress, self._monotonic):
                     if isinstance(record, DataChangeRecord):
                         self._log.debug(
                             "record_received",
@@ -590,3 +594,19 @@ class ChangeStreamReader:
             raise
         progress.failures_without_progress = 0
         return outcome
+
+
+def _listened(
+    records: Iterator[ChangeRecord], progress: _Progress, monotonic: Callable[[], float]
+) -> Iterator[ChangeRecord]:
+    """``records``, keeping ``progress.waiting_since`` while the worker waits for the next."""
+    iterator = iter(records)
+    while True:
+        progress.waiting_since = monotonic()
+        try:
+            record = next(iterator)
+        except StopIteration:
+            return
+        finally:
+            progress.waiting_since = None
+        yield record
