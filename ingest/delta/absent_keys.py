@@ -1,4 +1,5 @@
-"""Which keys of a table the change log holds alive before T1 but a snapshot at T1 did not find.
+"""Which keys of a table the change log holds alive before T1 but a snapshot at T1 did not find,
+and which it deleted after T1.
 
 An on-demand snapshot replaces a table's history from T1 on: rows it reads are newer images, and a
 key the change log still holds alive that Spanner no longer has at T1 (deleted while the stream
@@ -15,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from ingest.delta.changelog import DELETES, SCHEMA_ROW, SNAPSHOT_ROW
+from ingest.delta.changelog import DELETE, DELETES, SCHEMA_ROW, SNAPSHOT_ROW
 from ingest.model.timestamps import Nanos, to_rfc3339
 
 _COLUMNS = [
@@ -65,3 +66,16 @@ def absent_keys(
     alive = last.filter(pc.invert(pc.is_in(last["mod_type_last"], pa.array(DELETES))))
     present = landed.union(found)
     return sorted(k for k in alive["keys"].to_pylist() if k not in present)
+
+
+def deleted_after(table: DeltaTable, table_name: str, read_timestamp: Nanos) -> set[str]:
+    """Keys the stream deleted after ``read_timestamp`` (a snapshot's T1), as landed so far: a
+    resumed snapshot must not land their images at T1 (``TableSnapshots``). Memory: those keys."""
+    rows = table.to_pyarrow_dataset().to_table(
+        columns=["keys"],
+        filter=(pc.field("table_name") == table_name)
+        & (pc.field("mod_type") == DELETE)
+        & (pc.field("commit_timestamp_text") > to_rfc3339(read_timestamp)),
+        use_threads=False,
+    )
+    return set(rows["keys"].to_pylist())

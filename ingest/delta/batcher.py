@@ -4,7 +4,7 @@ schema rows are committed."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,7 +27,9 @@ class Riders(Protocol):
 
     def due(self) -> bool: ...
 
-    def before_commit(self, low_watermark: Nanos) -> tuple[list[SnapshotChunk], bool]: ...
+    def before_commit(
+        self, low_watermark: Nanos, transactions: Sequence[Transaction]
+    ) -> tuple[list[SnapshotChunk], bool]: ...
 
     def after_commit(self) -> None: ...
 
@@ -109,7 +111,9 @@ class Batcher:
         if point is None:
             return
         chunks, riders_due = (
-            self.riders.before_commit(point.low_watermark) if self.riders else ([], False)
+            self.riders.before_commit(point.low_watermark, self.pending)
+            if self.riders
+            else ([], False)
         )
         if (
             not self.pending

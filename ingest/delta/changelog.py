@@ -69,7 +69,9 @@ SNAPSHOT_DELETE = "SNAPSHOT_DELETE"
 """``mod_type`` of a key the change log held alive before T1 that an on-demand snapshot at T1 did
 not find (deleted while the stream did not capture the table): a delete at T1, no values, no
 transaction id."""
-DELETES = ("DELETE", SNAPSHOT_DELETE)
+DELETE = "DELETE"
+"""``mod_type`` of a stream delete, as Spanner names it."""
+DELETES = (DELETE, SNAPSHOT_DELETE)
 
 
 def _column_types_json(column_types: Iterable[ColumnType]) -> str:

@@ -24,7 +24,7 @@ from google.cloud.spanner_v1.database import Database
 from ingest.changestream import query
 from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
 from ingest.changestream.watched_columns import read_watched_columns
-from ingest.delta.absent_keys import absent_keys
+from ingest.delta.absent_keys import absent_keys, deleted_after
 from ingest.delta.batcher import Batcher
 from ingest.delta.changelog import Checkpoint
 from ingest.delta.lease import start_moved, wait_for_lease
@@ -195,6 +195,7 @@ def _stream(
         functools.partial(read_table, database, chunk_rows=config.snapshot_chunk_rows),
         watched_columns,
         lambda table, at, found: absent_keys(_changelog(sink), table, at, found),
+        lambda table, at: deleted_after(_changelog(sink), table, at),
         functools.partial(query.version_retention, database),
         config.snapshot_workers,
         log,

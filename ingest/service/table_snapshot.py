@@ -9,19 +9,26 @@ chunks that are ready, with the progress in its checkpoint, so a kill -9 resumes
 landed key. Snapshot rows sort at T1 and apply only over older changes of their key. With a
 table's last chunk the keys the change log holds alive but the snapshot did not find land as
 deletes at T1, so the table's mirror afterwards equals Spanner at W.
+
+A key the stream deleted after T1, before the snapshot reached it, has its image at T1 left out:
+landed after the delete, it would bring the row back wherever the delete is no longer
+remembered (the pipeline's tombstones expire). So correctness does not depend on how long the
+snapshot takes. Memory: the keys of the snapshotted tables deleted while it runs.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import structlog
 
+from ingest.delta.changelog import DELETE
 from ingest.delta.sink import DeltaChangeLogSink
-from ingest.model.records import WatchedColumns
+from ingest.model.encoding import canonical_json
+from ingest.model.records import Transaction, WatchedColumns
 from ingest.model.snapshot import SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import Nanos, to_rfc3339
 from ingest.service.snapshot import (
@@ -36,6 +43,8 @@ Logger = structlog.typing.FilteringBoundLogger
 AbsentKeys = Callable[[str, Nanos, Iterable[str]], list[str]]
 """(table, T1, keys read but not landed yet) → keys alive in the change log before T1 that the
 snapshot did not find."""
+DeletedAfter = Callable[[str, Nanos], set[str]]
+"""(table, T1) → keys the change log has deleted after T1 (``absent_keys.deleted_after``)."""
 
 
 @dataclass
@@ -59,6 +68,7 @@ class TableSnapshots:
         read_table: ReadTable,
         watched_columns: Callable[[Nanos], WatchedColumns],
         absent_keys: AbsentKeys,
+        deleted_after: DeletedAfter,
         version_retention: Callable[[], Nanos],
         workers: int,
         log: Logger,
@@ -71,6 +81,10 @@ class TableSnapshots:
         self._read_table = read_table
         self._watched_columns = watched_columns
         self._absent_keys = absent_keys
+        self._deleted_after = deleted_after
+        self._deleted_since: dict[str, set[str]] = {}
+        """Per table being read, the keys the stream deleted after T1."""
+        self._left_out = 0
         self._version_retention = version_retention
         self._workers = workers
         self._log = log
@@ -109,6 +123,11 @@ class TableSnapshots:
             return
         watched = self._watched_columns(progress.read_timestamp)
         self._start(progress, watched, "table_snapshot_resumed", deadline)
+        self._deleted_since = {
+            t.table: self._deleted_after(t.table, progress.read_timestamp)
+            for t in progress.tables
+            if not t.done
+        }
 
     def request(
         self, tables: Iterable[str], timeout_s: float = 60.0
@@ -137,9 +156,11 @@ class TableSnapshots:
         """Whether the batcher should commit now for the snapshot's sake."""
         return self._request is not None or (self._readers is not None and self._readers.ready())
 
-    def before_commit(self, low_watermark: Nanos) -> tuple[list[SnapshotChunk], bool]:
-        """The chunks this commit lands, and whether it must be made even with nothing else to
-        land (it records a request or carries chunks)."""
+    def before_commit(
+        self, low_watermark: Nanos, transactions: Sequence[Transaction]
+    ) -> tuple[list[SnapshotChunk], bool]:
+        """The chunks this commit lands with ``transactions``, and whether it must be made even
+        with nothing else to land (it records a request or carries chunks)."""
         with self._lock:
             request, self._request = self._request, None
         recording = request is not None and self._begin(request, low_watermark)
@@ -151,17 +172,33 @@ class TableSnapshots:
         except Exception as error:  # a table dropped meanwhile, retries spent: the stream goes on
             self._abandon(progress, error)
             return [], True
+        self._note_deletes(transactions)
         landed = []
         for chunk in chunks:
+            deleted_since = self._deleted_since.get(chunk.table, set())
             if chunk.done:
                 found = [k for c in chunks if c.table == chunk.table for k, _ in c.rows]
+                # A key deleted after T1 may have been read at T1 and left out: not absent.
+                found += deleted_since
                 deleted = self._absent_keys(chunk.table, progress.read_timestamp, found)
                 chunk = replace(chunk, deleted_keys=tuple(deleted))
                 self._deleted += len(deleted)
+            kept = [row for row in chunk.rows if row[0] not in deleted_since]
+            self._left_out += len(chunk.rows) - len(kept)
+            chunk = replace(chunk, rows=kept)
+            if chunk.done:
+                self._deleted_since.pop(chunk.table, None)
             progress = progress.advanced(chunk)
             landed.append(chunk)
         self._sink.track_table_snapshot(progress)
         return landed, recording or bool(landed)
+
+    def _note_deletes(self, transactions: Sequence[Transaction]) -> None:
+        for transaction in transactions:
+            for record in transaction.records:
+                keys = self._deleted_since.get(record.table_name)
+                if keys is not None and record.mod_type == DELETE:
+                    keys.update(canonical_json(mod.keys) for mod in record.mods)
 
     def after_commit(self) -> None:
         """Answer a request the commit recorded and start its readers; finish a snapshot whose
@@ -196,6 +233,7 @@ class TableSnapshots:
                 tables=progress.table_names,
                 rows=progress.rows,
                 deleted=self._deleted,
+                left_out_deleted_after=self._left_out,
             )
             self.close()
             self._sink.track_table_snapshot(None)
@@ -250,7 +288,8 @@ class TableSnapshots:
         deadline: Nanos | None,
     ) -> None:
         self._columns = {t: watched[t] for t in progress.table_names}
-        self._deleted = 0
+        self._deleted_since = {t.table: set() for t in progress.tables if not t.done}
+        self._deleted = self._left_out = 0
         self._started = self._last_report = self._monotonic()
         self._rows_before = progress.rows
         self._readers = SnapshotReaders(
