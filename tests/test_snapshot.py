@@ -264,6 +264,25 @@ def test_a_snapshot_out_of_the_version_retention_stops_with_one_line_and_lands_n
     assert "version_retention_period" in errors[0] and "new job" in errors[0]
     assert DeltaTable(str(changelog)).version() == before, "nothing landed, nothing lost"
 
+    # A new job whose snapshot is expected to take longer than Spanner keeps versions.
+    slow = Service(
+        database.database_id,
+        tmp_path / "slow",
+        tmp_path / "slow.log",
+        None,
+        INGEST_SNAPSHOT_MODE="initial",
+        INGEST_SNAPSHOT_ROWS_PER_S="0.001",
+    )
+    result = subprocess.run(
+        slow.command(), env=slow.env, capture_output=True, text=True, timeout=120
+    )
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr[-2000:]
+    for figure in ("at 0.001 rows/s", "keeps versions for 1.0 h"):
+        assert figure in errors[0], errors[0]
+    assert "change stream keeps changes for" in errors[0], errors[0]
+    assert not (tmp_path / "slow").exists(), "a refused start lands nothing"
+
 
 def test_keys_holding_null_resume_each_read_just_after_the_last_key(new_database: Any) -> None:
     """Issue 24's class on the snapshot's side: a key with NULL components (Spanner sorts NULL

@@ -19,11 +19,14 @@ from ingest.model.snapshot import Key, SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339
 from ingest.rules.resume import start_point
 from ingest.service.snapshot import (
+    Retention,
     SnapshotOutOfReach,
     SnapshotSettings,
+    check_fits_retention,
     check_reachable,
     run_snapshot,
 )
+from tests.builders import captured_logger
 
 T0 = parse_rfc3339("2026-11-23T10:00:00.123456789Z")
 ID = ColumnType("id", {"code": "INT64"}, True, 1)
@@ -146,3 +149,41 @@ def test_a_snapshot_older_than_the_version_retention_is_refused() -> None:
     assert check_reachable(T0, T0 + hour - 1, hour) == T0 + hour
     with pytest.raises(SnapshotOutOfReach, match="version_retention_period"):
         check_reachable(T0, T0 + hour, hour)
+
+
+def test_a_snapshot_expected_to_outlive_retention_is_refused_naming_both_figures() -> None:
+    hour = 3600 * NANOS_PER_SECOND
+    day = 24 * hour
+    fits = Retention(version_retention=7 * day, stream_retention=day)
+    assert check_fits_retention(T0, 36_000_000, 20_000, fits) == T0 + hour // 2
+    with pytest.raises(SnapshotOutOfReach) as refused:
+        check_fits_retention(T0, 144_000_000, 20_000, Retention(hour, day))
+    line = str(refused.value)
+    assert "\n" not in line
+    for figure in ("144,000,000 rows", "2.0 h", "20,000 rows/s", "versions for 1.0 h", "4.0 h"):
+        assert figure in line, figure
+    assert "change stream keeps changes for 24.0 h" in line and "version_retention_period" in line
+    with pytest.raises(SnapshotOutOfReach, match=r"change stream keeps changes for 20\.0 min"):
+        check_fits_retention(T0, 36_000_000, 20_000, Retention(7 * day, hour // 3))  # 30 min
+
+
+def test_a_rate_that_ends_past_the_deadline_is_an_error_while_the_snapshot_runs() -> None:
+    tables = {"t0": 30}
+    log, events = captured_logger()
+    clock = iter(range(0, 10**6))
+    settings = SnapshotSettings(
+        workers=1, progress_interval_s=0, expected_rows=1_000_000, deadline=T0 + NANOS_PER_SECOND
+    )
+    run_snapshot(
+        FakeSink(),  # type: ignore[arg-type]
+        SnapshotProgress.begin(T0, list(tables)),
+        {"t0": (ID,)},
+        reader(tables, 10),
+        settings,
+        log,
+        threading.Event(),
+        monotonic=lambda: float(next(clock)),
+        wall_clock=lambda: T0,
+    )
+    warned = [e for e in events if e["event"] == "snapshot_outliving_retention"]
+    assert warned and warned[0]["log_level"] == "error" and warned[0]["expected_rows"] == 1_000_000

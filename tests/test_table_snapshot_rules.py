@@ -18,14 +18,16 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.delta.absent_keys import absent_keys, deleted_after
+from ingest.delta.absent_keys import absent_keys, deleted_after, keys_of_earlier_jobs
 from ingest.delta.changelog import SNAPSHOT_DELETE, SNAPSHOT_ROW
+from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.encoding import canonical_json
 from ingest.model.records import sequence_key
 from ingest.model.snapshot import Key, SnapshotChunk, SnapshotProgress
-from ingest.model.timestamps import to_rfc3339
+from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from ingest.rules.partitions import ResumablePartitions
 from ingest.rules.resume import ResumePoint
+from ingest.service.snapshot import SnapshotSettings, run_snapshot
 from ingest.service.table_snapshot import TableSnapshots
 from tests.builders import ACCOUNTS, ChangeLog, captured_logger
 
@@ -306,3 +308,43 @@ def test_a_table_snapshot_that_cannot_finish_is_abandoned_and_the_stream_goes_on
     resumed.resume()
     assert resumed.running is None
     assert sum(e["event"] == "table_snapshot_abandoned" for e in events) == 2
+
+
+def test_a_new_job_after_an_abandoned_snapshot_leaves_none_of_its_rows_applicable(
+    tmp_path,
+) -> None:
+    """The recovery for a snapshot that outlived retention: a new job id on the same change log.
+    Its snapshot deletes at its T0 every key the abandoned one landed that Spanner no longer
+    has, so replaying the whole change log ends at Spanner's rows."""
+    uri = str(tmp_path / "changelog")
+    logger, _ = captured_logger()
+    t0_old = parse_rfc3339("2026-11-20T10:00:00Z")
+    old = DeltaChangeLogSink(uri, "bank.all_changes", "owner-1")
+    old.continue_after(None)
+    progress = SnapshotProgress.begin(t0_old, ["accounts"])
+    old.start_job(t0_old + 1, progress)
+    rows = {k: 10 * k for k in range(10)}
+    first = next(spanner_reader(rows, chunk_rows=6)("accounts", ACCOUNTS, t0_old, None))
+    old.commit_snapshot([first], progress.advanced(first))  # then abandoned: out of retention
+
+    t0_new = parse_rfc3339("2026-11-22T10:00:00Z")
+    rows_now = {0: 1, 2: 2, 42: 3}  # keys 1, 3, 4, 5 deleted meanwhile; 42 added
+    new = DeltaChangeLogSink(uri, "bank.all_changes.2", "owner-2")
+    new.continue_after(None)
+    progress = SnapshotProgress.begin(t0_new, ["accounts"])
+    new.start_job(t0_new + 1, progress)
+    assert not keys_of_earlier_jobs(DeltaTable(uri), "transfers", t0_new, [])
+    run_snapshot(
+        new,
+        progress,
+        {"accounts": ACCOUNTS},
+        spanner_reader(rows_now, chunk_rows=2),
+        SnapshotSettings(workers=1),
+        logger,
+        threading.Event(),
+        absent_keys=lambda table, at, found: keys_of_earlier_jobs(
+            DeltaTable(uri), table, at, found
+        ),
+    )
+    assert replay(uri) == {key_json(k): value_json(v) for k, v in rows_now.items()}
+    assert replay_forgetting_deletes(uri) == replay(uri)

@@ -79,3 +79,27 @@ def deleted_after(table: DeltaTable, table_name: str, read_timestamp: Nanos) -> 
         use_threads=False,
     )
     return set(rows["keys"].to_pylist())
+
+
+def holds_rows_before(table: DeltaTable, table_name: str, read_timestamp: Nanos) -> bool:
+    """Whether the change log has rows of the table before ``read_timestamp``: an initial
+    snapshot then has keys to delete (an earlier job's), and only then pays for finding them."""
+    found = table.to_pyarrow_dataset().head(
+        1,
+        columns=["keys"],
+        filter=(pc.field("table_name") == table_name)
+        & (pc.field("mod_type") != SCHEMA_ROW)
+        & (pc.field("commit_timestamp_text") < to_rfc3339(read_timestamp)),
+    )
+    return found.num_rows > 0
+
+
+def keys_of_earlier_jobs(
+    table: DeltaTable, table_name: str, read_timestamp: Nanos, found: Iterable[str]
+) -> list[str]:
+    """What an initial snapshot at T0 must delete: keys alive in the change log before T0 (an
+    earlier job's rows, such as a snapshot it abandoned) that it did not find. Free on a change
+    log the job started."""
+    if not holds_rows_before(table, table_name, read_timestamp):
+        return []
+    return absent_keys(table, table_name, read_timestamp, found)

@@ -22,6 +22,7 @@ from ingest.model.options import (
     ConfigError,
     choice,
     identifier,
+    in_range,
     integer,
     load_options,
     non_empty,
@@ -74,6 +75,9 @@ class ServiceConfig:
     """Tables read at once during the snapshot."""
     snapshot_chunk_rows: int = 10_000
     """Rows per chunk a snapshot reader hands the committer (memory: about 2 x workers chunks)."""
+    snapshot_rows_per_s: float = 20_000.0
+    """The rate a new job's snapshot is expected to reach: its tables are counted at T0 and a
+    snapshot expected to outlive Spanner's retention is refused at start; 0 turns it off."""
     log_level: str = "info"
 
     @property
@@ -112,6 +116,7 @@ ENVIRONMENT = {
             "snapshot_mode",
             "snapshot_workers",
             "snapshot_chunk_rows",
+            "snapshot_rows_per_s",
             "log_level",
         )
     },
@@ -164,6 +169,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "snapshot_mode": choice("initial", "never", "initial_only"),
     "snapshot_workers": integer(1, 64),
     "snapshot_chunk_rows": integer(1, 1_000_000),
+    "snapshot_rows_per_s": in_range(float, "rows/s", 0, 100_000_000),
     "log_level": choice("debug", "info", "warning", "error"),
 }
 

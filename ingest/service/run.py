@@ -24,7 +24,7 @@ from google.cloud.spanner_v1.database import Database
 from ingest.changestream import query
 from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
 from ingest.changestream.watched_columns import read_watched_columns
-from ingest.delta.absent_keys import absent_keys, deleted_after
+from ingest.delta.absent_keys import absent_keys, deleted_after, keys_of_earlier_jobs
 from ingest.delta.batcher import Batcher
 from ingest.delta.changelog import Checkpoint
 from ingest.delta.lease import start_moved, wait_for_lease
@@ -35,9 +35,16 @@ from ingest.rules.resume import ResumePoint, start_point
 from ingest.service.config import ServiceConfig
 from ingest.service.health import Commits, HealthServer, token_file
 from ingest.service.metrics import IngestMetrics
-from ingest.service.snapshot import SnapshotSettings, check_reachable, run_snapshot
+from ingest.service.snapshot import (
+    Retention,
+    SnapshotOutOfReach,
+    SnapshotSettings,
+    check_fits_retention,
+    check_reachable,
+    run_snapshot,
+)
 from ingest.service.table_snapshot import TableSnapshots
-from ingest.snapshot.reader import read_table
+from ingest.snapshot.reader import count_rows, read_table
 
 Logger = structlog.typing.FilteringBoundLogger
 
@@ -74,6 +81,12 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
             check_reachable(read_at, now, query.version_retention(database))
             tables = read_watched_columns(database, config.stream, dialect, read_at)
             snapshot = SnapshotProgress.begin(read_at, list(tables))
+            expected = _expected_rows(database, config, dialect, snapshot)
+            if expected is not None:
+                end = check_fits_retention(
+                    read_at, expected, config.snapshot_rows_per_s, _retention(database, info)
+                )
+                log.info("snapshot_estimated", rows=expected, expected_end=to_rfc3339(end))
         sink.start_job(start, snapshot)
         log.info(
             "job_started",
@@ -110,7 +123,16 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
     try:
         if snapshot is not None and not snapshot.complete:
             snapshot = _snapshot(
-                database, config, dialect, snapshot, sink, log, stop, health, snapshot_commits
+                database,
+                config,
+                dialect,
+                info,
+                snapshot,
+                sink,
+                log,
+                stop,
+                health,
+                snapshot_commits,
             )
             if not snapshot.complete:
                 log.info("ingest_stopped", reason="stopped during the snapshot")
@@ -244,6 +266,7 @@ def _snapshot(
     database: Database,
     config: ServiceConfig,
     dialect: query.Dialect,
+    info: query.ChangeStreamInfo,
     progress: SnapshotProgress,
     sink: DeltaChangeLogSink,
     log: Logger,
@@ -251,9 +274,13 @@ def _snapshot(
     health: HealthServer | None,
     commits: Commits,
 ) -> SnapshotProgress:
-    """Land the tables the snapshot has not finished; refused once T0 is out of reach."""
+    """Land the tables the snapshot has not finished; refused once T0 is out of reach, and a
+    read that fails past that deadline says so."""
     read_at = progress.read_timestamp
-    deadline = check_reachable(read_at, time.time_ns(), query.version_retention(database))
+    retention = _retention(database, info)
+    check_reachable(read_at, time.time_ns(), retention.version_retention)
+    deadline = read_at + retention.limit
+    expected = _expected_rows(database, config, dialect, progress)
     log.info(
         "snapshot_started",
         read_timestamp=to_rfc3339(read_at),
@@ -261,18 +288,50 @@ def _snapshot(
         tables=len(progress.tables),
         tables_done=sum(t.done for t in progress.tables),
         rows=progress.rows,
+        expected_rows=expected,
     )
     columns = read_watched_columns(database, config.stream, dialect, read_at)
-    return run_snapshot(
-        sink,
-        progress,
-        columns,
-        functools.partial(read_table, database, chunk_rows=config.snapshot_chunk_rows),
-        SnapshotSettings(workers=config.snapshot_workers),
-        log,
-        stop,
-        on_tick=health.tick if health is not None else lambda: None,
-        on_commit=commits.count,
+    try:
+        return run_snapshot(
+            sink,
+            progress,
+            columns,
+            functools.partial(read_table, database, chunk_rows=config.snapshot_chunk_rows),
+            SnapshotSettings(config.snapshot_workers, expected_rows=expected, deadline=deadline),
+            log,
+            stop,
+            on_tick=health.tick if health is not None else lambda: None,
+            on_commit=commits.count,
+            absent_keys=lambda table, at, found: keys_of_earlier_jobs(
+                _changelog(sink), table, at, found
+            ),
+        )
+    except Exception as error:
+        try:
+            check_reachable(read_at, time.time_ns(), retention.version_retention)
+        except SnapshotOutOfReach as out_of_reach:
+            raise out_of_reach from error
+        raise
+
+
+def _retention(database: Database, info: query.ChangeStreamInfo) -> Retention:
+    return Retention(query.version_retention(database), info.retention_nanos)
+
+
+def _expected_rows(
+    database: Database,
+    config: ServiceConfig,
+    dialect: query.Dialect,
+    progress: SnapshotProgress,
+) -> int | None:
+    """Rows at T0 of the tables with something left to read (landed rows included, so the
+    projection compares like with like); None when the estimate is off."""
+    if not config.snapshot_rows_per_s:
+        return None
+    postgresql = dialect is query.Dialect.POSTGRESQL
+    return sum(
+        count_rows(database, t.table, progress.read_timestamp, postgresql) if not t.done else t.rows
+        for t in progress.tables
     )
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 from google.api_core import exceptions as api_exceptions
@@ -29,6 +29,9 @@ from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 Logger = structlog.typing.FilteringBoundLogger
 ReadTable = Callable[[str, tuple[ColumnType, ...], Nanos, Key | None], Iterator[SnapshotChunk]]
 """(table, columns, T0, after key) → the table's chunks in key order, the last one done."""
+AbsentKeys = Callable[[str, Nanos, Iterable[str]], list[str]]
+"""(table, T, keys read but not landed yet) → keys alive in the change log before T that the
+snapshot did not find (``ingest.delta.absent_keys``)."""
 
 
 class SnapshotOutOfReach(RuntimeError):
@@ -39,6 +42,10 @@ class SnapshotOutOfReach(RuntimeError):
 class SnapshotSettings:
     workers: int = 4
     progress_interval_s: float = 10.0
+    expected_rows: int | None = None
+    """The tables' rows at T0 (counted at start), for the projected end; None: not counted."""
+    deadline: Nanos | None = None
+    """By when the snapshot must be done (T0 plus what Spanner keeps)."""
 
 
 def check_reachable(read_timestamp: Nanos, now: Nanos, version_retention: Nanos) -> Nanos:
@@ -52,6 +59,53 @@ def check_reachable(read_timestamp: Nanos, now: Nanos, version_retention: Nanos)
             "snapshot, or start a new job with a new table or job id; nothing landed is lost"
         )
     return deadline
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long Spanner keeps what a snapshot needs: versions to read at T0, and (when the
+    stream follows the snapshot from T0) the change stream's records."""
+
+    version_retention: Nanos
+    stream_retention: Nanos | None
+
+    @property
+    def limit(self) -> Nanos:
+        return min(self.version_retention, self.stream_retention or self.version_retention)
+
+
+def check_fits_retention(
+    read_timestamp: Nanos, rows: int, rows_per_s: float, retention: Retention
+) -> Nanos:
+    """The snapshot's expected end (``rows`` at ``rows_per_s`` from T0); refused when that is
+    past what Spanner keeps, with both figures and what to change."""
+    expected = int(rows / rows_per_s * NANOS_PER_SECOND)
+    if expected < retention.limit:
+        return read_timestamp + expected
+    stream = (
+        f"; the change stream keeps changes for {_duration(retention.stream_retention)} "
+        "(ALTER CHANGE STREAM … SET OPTIONS (retention_period = '…'))"
+        if retention.stream_retention is not None
+        else ""
+    )
+    rate = f"{rows_per_s:,.0f}" if rows_per_s >= 1 else f"{rows_per_s:g}"
+    raise SnapshotOutOfReach(
+        f"the snapshot of {rows:,} rows needs about {_duration(expected)} at "
+        f"{rate} rows/s (snapshot_rows_per_s), longer than Spanner keeps what it "
+        f"needs: the database keeps versions for {_duration(retention.version_retention)} "
+        "(ALTER DATABASE … SET OPTIONS (version_retention_period = '…'))"
+        f"{stream}. Raise them above {_duration(2 * expected)}, or set snapshot_rows_per_s to "
+        "the rate this deployment has shown; nothing was landed"
+    )
+
+
+def _duration(nanos: Nanos) -> str:
+    seconds = nanos / NANOS_PER_SECOND
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 2 * 86_400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86_400:.1f} d"
 
 
 class _Stopped(Exception):
@@ -174,8 +228,16 @@ def run_snapshot(
     on_tick: Callable[[], None] = lambda: None,
     on_commit: Callable[[], None] = lambda: None,
     monotonic: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], Nanos] = time.time_ns,
+    absent_keys: AbsentKeys | None = None,
 ) -> SnapshotProgress:
-    """Land every table not done yet; the progress reached (complete unless stopped)."""
+    """Land every table not done yet; the progress reached (complete unless stopped). On a
+    change log that already holds the tables' rows (an earlier job's, or its abandoned
+    snapshot's), ``absent_keys`` names the keys alive before T0 that the snapshot did not find:
+    they land as deletes at T0 with the table's last chunk, so no row of an earlier job outlives
+    the new one's snapshot. With
+    each progress report, a rate that would end the snapshot past its deadline is an error
+    event (``snapshot_outliving_retention``) while there is still time to act."""
     started, rows_before = monotonic(), progress.rows
     last_report = started
     readers = SnapshotReaders(progress, columns, read_table, settings.workers, stop)
@@ -185,6 +247,8 @@ def run_snapshot(
             landed = readers.get(timeout=0.2)
             if not landed:
                 continue
+            if absent_keys is not None:
+                landed = [_with_absent_keys(c, landed, progress, absent_keys) for c in landed]
             for chunk in landed:
                 progress = progress.advanced(chunk)
             sink.commit_snapshot(landed, progress)
@@ -195,9 +259,49 @@ def run_snapshot(
                 report(
                     log, "snapshot_progress", progress, progress.rows - rows_before, now - started
                 )
+                _check_projected_end(
+                    log,
+                    settings,
+                    progress,
+                    (progress.rows - rows_before) / (now - started),
+                    wall_clock(),
+                )
     finally:
         readers.close()
     return progress
+
+
+def _with_absent_keys(
+    chunk: SnapshotChunk,
+    chunks: list[SnapshotChunk],
+    progress: SnapshotProgress,
+    absent_keys: AbsentKeys,
+) -> SnapshotChunk:
+    if not chunk.done:
+        return chunk
+    found = [k for c in chunks if c.table == chunk.table for k, _ in c.rows]
+    deleted = absent_keys(chunk.table, progress.read_timestamp, found)
+    return replace(chunk, deleted_keys=tuple(deleted))
+
+
+def _check_projected_end(
+    log: Logger, settings: SnapshotSettings, progress: SnapshotProgress, rate: float, now: Nanos
+) -> None:
+    if settings.expected_rows is None or settings.deadline is None or progress.complete:
+        return
+    remaining = max(0, settings.expected_rows - progress.rows)
+    projected = now + int(remaining / rate * NANOS_PER_SECOND) if rate > 0 else None
+    if projected is None or projected > settings.deadline:
+        log.error(
+            "snapshot_outliving_retention",
+            rows=progress.rows,
+            expected_rows=settings.expected_rows,
+            rows_per_second=round(rate, 1),
+            projected_end=to_rfc3339(projected) if projected is not None else None,
+            deadline=to_rfc3339(settings.deadline),
+            action="raise version_retention_period (and the change stream's retention_period) "
+            "now, while the snapshot runs",
+        )
 
 
 def _drain(

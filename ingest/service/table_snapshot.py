@@ -32,6 +32,7 @@ from ingest.model.records import Transaction, WatchedColumns
 from ingest.model.snapshot import SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import Nanos, to_rfc3339
 from ingest.service.snapshot import (
+    AbsentKeys,
     ReadTable,
     SnapshotOutOfReach,
     SnapshotReaders,
@@ -40,9 +41,6 @@ from ingest.service.snapshot import (
 )
 
 Logger = structlog.typing.FilteringBoundLogger
-AbsentKeys = Callable[[str, Nanos, Iterable[str]], list[str]]
-"""(table, T1, keys read but not landed yet) → keys alive in the change log before T1 that the
-snapshot did not find."""
 DeletedAfter = Callable[[str, Nanos], set[str]]
 """(table, T1) → keys the change log has deleted after T1 (``absent_keys.deleted_after``)."""
 
