@@ -30,9 +30,15 @@ class PipelineConfig:
     trigger_interval_s: float = 1.0
     max_files_per_trigger: int = 1000
     """Change-log files per micro-batch, bounding a catch-up batch (Delta's own default)."""
+    max_mb_per_trigger: int = 256
+    """Change-log MiB per micro-batch (Delta's ``maxBytesPerTrigger``, a soft bound: at least
+    one file): files of wide rows make a batch large in bytes long before 1,000 files."""
     local_merge_max_rows: int = 50_000
     """Batches of at most this many mirror rows are merged on the driver by delta-rs, larger
     ones by Spark; 0 merges every batch through Spark."""
+    local_merge_max_mb: int = 64
+    """The same bound in MiB (the batch's rows as JSON, measured before collecting): what the
+    driver collects is bounded by bytes, however wide the rows."""
     master: str = "local[*]"
     """Spark master; empty leaves it to spark-submit."""
     shuffle_partitions: int = 8
@@ -81,6 +87,8 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "trigger_interval_s": seconds(0, 86_400),
     "max_files_per_trigger": integer(1, 1_000_000),
     "local_merge_max_rows": integer(0, 10_000_000),
+    "local_merge_max_mb": integer(1, 1 << 20),
+    "max_mb_per_trigger": integer(1, 1 << 20),
     "master": str,
     "shuffle_partitions": integer(1, 10_000),
     "tombstone_ttl_s": seconds(1, 365 * 86_400),

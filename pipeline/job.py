@@ -145,6 +145,7 @@ def read_changes(spark: Any, config: PipelineConfig) -> Any:
     return (
         spark.readStream.format("delta")
         .option("maxFilesPerTrigger", config.max_files_per_trigger)
+        .option("maxBytesPerTrigger", f"{config.max_mb_per_trigger}m")
         .load(config.changelog_uri)
         .select(*INPUT_COLUMNS)
     )
@@ -184,6 +185,7 @@ def start_query(
                 app_ids["id"],
                 log,
                 config.local_merge_max_rows,
+                config.local_merge_max_mb * 1024 * 1024,
             )
         seconds = time.monotonic() - started
         stats.batches += 1
@@ -194,6 +196,7 @@ def start_query(
             batch_id=batch_id,
             rows=result.rows,
             newest_commit=result.newest_commit,
+            merged_on="driver" if result.merged_on_driver else "spark",
             seconds=round(seconds, 3),
         )
 

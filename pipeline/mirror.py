@@ -1,7 +1,8 @@
 """Delta mirror tables: one per Spanner table, kept equal to it by an idempotent MERGE per batch.
 
-Two ways to MERGE, one contract. A batch of at most ``local_merge_max_rows`` output rows is
-collected to the driver as Arrow and merged by delta-rs (``deltalake``): about 0.1 s where
+Two ways to MERGE, one contract. A batch of at most ``local_merge_max_rows`` output rows (and
+``local_merge_max_mb`` of them) is collected to the driver as Arrow and merged by delta-rs
+(``deltalake``): about 0.1 s where
 delta-spark's MERGE costs 4-8 s of fixed planning and jobs on two cores, which made the mirrors
 trail Spanner by a minute. A larger batch is merged by delta-spark on the executors.
 
@@ -325,6 +326,8 @@ class BatchResult:
     """Keys merged per table."""
     newest_commit: str | None
     """The newest commit timestamp applied by the batch: how fresh the mirrors are."""
+    merged_on_driver: bool = False
+    """Merged by delta-rs on the driver (small enough in rows and bytes), else by Spark."""
 
 
 def write_batch(
@@ -335,20 +338,30 @@ def write_batch(
     app_id: str,
     log: Logger,
     local_merge_max_rows: int = 0,
+    local_merge_max_bytes: int = 64 * 1024 * 1024,
 ) -> BatchResult:
     """MERGE one micro-batch of processor output into every mirror it touches: on the driver
-    through delta-rs when it holds at most ``local_merge_max_rows`` rows, else through Spark."""
+    through delta-rs when it holds at most ``local_merge_max_rows`` rows and about
+    ``local_merge_max_bytes`` bytes (its rows as JSON, measured on the executors before anything
+    is collected), else through Spark. Rows of large values so never exhaust the driver."""
     spark = changes.sparkSession
     changes = changes.persist()
     try:
+        row_bytes = F.octet_length(F.to_json(F.struct(*[F.col(c) for c in changes.columns])))
         per_table = (
             changes.groupBy("table_name")
-            .agg(F.count("*").alias("rows"), F.max("commit_timestamp_text").alias("newest"))
+            .agg(
+                F.count("*").alias("rows"),
+                F.max("commit_timestamp_text").alias("newest"),
+                F.sum(row_bytes).alias("bytes"),
+            )
             .collect()
         )
         counts = {r["table_name"]: r["rows"] for r in per_table}
         newest = max((r["newest"] for r in per_table), default=None)
-        if 0 < sum(counts.values()) <= local_merge_max_rows:
+        size = sum(r["bytes"] or 0 for r in per_table)
+        small = 0 < sum(counts.values()) <= local_merge_max_rows and size <= local_merge_max_bytes
+        if small:
             batch = changes.toArrow()
             tables = batch.column("table_name")
 
@@ -368,7 +381,7 @@ def write_batch(
                 batch_id,
                 log,
             )
-        return BatchResult(counts, newest)
+        return BatchResult(counts, newest, small)
     finally:
         changes.unpersist()
 

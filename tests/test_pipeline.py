@@ -11,6 +11,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -185,6 +186,31 @@ def test_a_batch_the_mirror_holds_is_skipped_whichever_way_merges_it_again(
     write_batch(changed, last_batch + 1, shapes, config.mirror_root, app_id, null_logger(), limit)
     assert mirror_rows(spark, config)[1] == {"account_id": 1, "owner": "zed", "balance": 5}
     assert DeltaTable(uri).transaction_version(app_id) == last_batch + 1
+
+
+def test_a_batch_of_wide_rows_goes_to_spark_however_few_they_are(spark, tmp_path: Path) -> None:
+    """The driver collects a batch only when it is small in bytes as well as rows."""
+    config = configure(tmp_path)
+    seed(ChangeLog(config.changelog_uri))
+    run(spark, config)
+    shapes = discover_shapes(config.changelog_uri)
+    app_id = f"{config.job_id}:{checkpoint_id(config.checkpoint_uri)}"
+    wide = "w" * 200_000
+
+    def batch(key: int) -> Any:
+        row = ("accounts", f'{{"account_id":"{key}"}}', "UPSERT", "2030-01-01T00:00:00Z")
+        return spark.createDataFrame([(*row, (key, wide, key))], output_schema(shapes))
+
+    def write(batch_id: int, key: int, max_bytes: int) -> bool:
+        result = write_batch(
+            batch(key), batch_id, shapes, config.mirror_root, app_id, null_logger(), 1000, max_bytes
+        )
+        return result.merged_on_driver
+
+    assert write(100, 7, 1024 * 1024), "one row of 200 kB fits 1 MiB"
+    assert not write(101, 8, 100_000), "one row of 200 kB does not fit 100 kB"
+    rows = mirror_rows(spark, config)
+    assert rows[7]["owner"] == wide and rows[8]["owner"] == wide
 
 
 @pytest.mark.parametrize("local_merge_max_rows", [1000, 0])

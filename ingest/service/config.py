@@ -75,6 +75,10 @@ class ServiceConfig:
     """Tables read at once during the snapshot."""
     snapshot_chunk_rows: int = 10_000
     """Rows per chunk a snapshot reader hands the committer (memory: about 2 x workers chunks)."""
+    snapshot_chunk_mb: int = 8
+    """A chunk also ends at this many MiB of row values, and a read holds about five chunks'
+    bytes, so memory (about 3 x workers chunks + 5 chunks read ahead per worker) is bounded
+    however wide the rows."""
     snapshot_rows_per_s: float = 20_000.0
     """The rate a new job's snapshot is expected to reach: its tables are counted at T0 and a
     snapshot expected to outlive Spanner's retention is refused at start; 0 turns it off."""
@@ -116,6 +120,7 @@ ENVIRONMENT = {
             "snapshot_mode",
             "snapshot_workers",
             "snapshot_chunk_rows",
+            "snapshot_chunk_mb",
             "snapshot_rows_per_s",
             "log_level",
         )
@@ -169,6 +174,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "snapshot_mode": choice("initial", "never", "initial_only"),
     "snapshot_workers": integer(1, 64),
     "snapshot_chunk_rows": integer(1, 1_000_000),
+    "snapshot_chunk_mb": integer(1, 4096),
     "snapshot_rows_per_s": in_range(float, "rows/s", 0, 100_000_000),
     "log_level": choice("debug", "info", "warning", "error"),
 }

@@ -36,6 +36,7 @@ from ingest.service.config import ServiceConfig
 from ingest.service.health import Commits, HealthServer, token_file
 from ingest.service.metrics import IngestMetrics
 from ingest.service.snapshot import (
+    ReadTable,
     Retention,
     SnapshotOutOfReach,
     SnapshotSettings,
@@ -214,7 +215,7 @@ def _stream(
     watched_columns = functools.partial(read_watched_columns, database, config.stream, dialect)
     table_snapshots = TableSnapshots(
         sink,
-        functools.partial(read_table, database, chunk_rows=config.snapshot_chunk_rows),
+        _table_reader(database, config),
         watched_columns,
         lambda table, at, found: absent_keys(_changelog(sink), table, at, found),
         lambda table, at: deleted_after(_changelog(sink), table, at),
@@ -296,7 +297,7 @@ def _snapshot(
             sink,
             progress,
             columns,
-            functools.partial(read_table, database, chunk_rows=config.snapshot_chunk_rows),
+            _table_reader(database, config),
             SnapshotSettings(config.snapshot_workers, expected_rows=expected, deadline=deadline),
             log,
             stop,
@@ -312,6 +313,15 @@ def _snapshot(
         except SnapshotOutOfReach as out_of_reach:
             raise out_of_reach from error
         raise
+
+
+def _table_reader(database: Database, config: ServiceConfig) -> ReadTable:
+    return functools.partial(
+        read_table,
+        database,
+        chunk_rows=config.snapshot_chunk_rows,
+        chunk_bytes=config.snapshot_chunk_mb * 1024 * 1024,
+    )
 
 
 def _retention(database: Database, info: query.ChangeStreamInfo) -> Retention:

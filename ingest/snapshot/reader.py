@@ -11,7 +11,8 @@ the same key.
 Each read asks for at most ``range_rows`` rows (Spanner's ``limit``) and the next one starts just
 after the last key: the client receives a whole read ahead of its consumer (on the emulator a
 table's read alone rose to 453 MiB for 600,000 rows), so memory is bounded by the range, not the
-table.
+table. With ``chunk_bytes`` both chunks and ranges are bounded by bytes too (rows of 1 MiB values
+would otherwise make a 50,000-row range 50 GB).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ def wire_json(value: struct_pb2.Value) -> JsonValue:
     return None
 
 
+FIRST_RANGE_ROWS = 100
+"""The first read of a table asks this few rows: its rows' size is unknown until they arrive."""
+
+
 def read_table(
     database: Database,
     table: str,
@@ -52,15 +57,21 @@ def read_table(
     after_key: Key | None,
     chunk_rows: int,
     range_rows: int | None = None,
+    chunk_bytes: int | None = None,
 ) -> Iterator[SnapshotChunk]:
     """The table's rows after ``after_key`` (all of them for None) as of exactly
-    ``read_timestamp``, in chunks of ``chunk_rows``; the last chunk is marked done (it may be
-    empty). Reads ``range_rows`` rows at a time (five chunks unless told)."""
+    ``read_timestamp``, in chunks of ``chunk_rows`` rows or ``chunk_bytes`` bytes, whichever
+    comes first; the last chunk is marked done (it may be empty). Reads ``range_rows`` rows at a
+    time (five chunks unless told), fewer when rows are large: with a byte bound the ranges
+    after the first hold about five chunks' bytes, so wide rows bound memory as narrow ones
+    do."""
     keys = [c for c in column_types if c.is_primary_key]
     values = [c for c in column_types if not c.is_primary_key]
     columns = [c.name for c in keys] + [c.name for c in values]
-    limit = range_rows or 5 * chunk_rows
+    most_rows = range_rows or 5 * chunk_rows
+    limit = most_rows if chunk_bytes is None else min(most_rows, FIRST_RANGE_ROWS)
     rows: list[tuple[str, str]] = []
+    size = 0
     last_key = after_key
     width = len(keys)
     with database.snapshot(read_timestamp=to_datetime(read_timestamp), multi_use=True) as snapshot:
@@ -71,24 +82,26 @@ def read_table(
                 else KeySet(ranges=[KeyRange(start_open=list(last_key), end_closed=[])])
             )
             result: Any = snapshot.read(table, columns, key_set, limit=limit, lazy_decode=True)
-            read = 0
+            read = read_bytes = 0
             for row in result:
                 read += 1
                 decoded = [wire_json(v) for v in row]
                 last_key = tuple(decoded[:width])
-                rows.append(
-                    (
-                        canonical_json({c.name: v for c, v in zip(keys, last_key, strict=True)}),
-                        canonical_json(
-                            {c.name: v for c, v in zip(values, decoded[width:], strict=True)}
-                        ),
-                    )
+                keys_json = canonical_json({c.name: v for c, v in zip(keys, last_key, strict=True)})
+                values_json = canonical_json(
+                    {c.name: v for c, v in zip(values, decoded[width:], strict=True)}
                 )
-                if len(rows) == chunk_rows:
+                rows.append((keys_json, values_json))
+                row_bytes = len(keys_json) + len(values_json)
+                size += row_bytes
+                read_bytes += row_bytes
+                if len(rows) == chunk_rows or (chunk_bytes is not None and size >= chunk_bytes):
                     yield SnapshotChunk(table, column_types, rows, last_key, done=False)
-                    rows = []
+                    rows, size = [], 0
             if read < limit:
                 break
+            if chunk_bytes is not None:
+                limit = max(1, min(most_rows, 5 * chunk_bytes * read // max(read_bytes, 1)))
     yield SnapshotChunk(table, column_types, rows, last_key, done=True)
 
 
