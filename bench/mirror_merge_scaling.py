@@ -32,7 +32,13 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from ingest.model.records import ColumnType
-from pipeline.mirror import create_mirror, merge_on_driver
+from pipeline.mirror import (
+    KEYS_COLUMN,
+    POSITION_COLUMN,
+    create_mirror,
+    merge_on_driver,
+    mirror_struct,
+)
 from pipeline.processor import OPERATION
 from pipeline.state.variables import row_variable
 from pipeline.types import TableShape
@@ -62,16 +68,42 @@ def rows_of(keys: list[int]) -> pa.Table:
     )
 
 
+def bookkeeping_of(keys: list[int]) -> dict[str, pa.Array]:
+    """The change-log keys and position the product keeps beside each mirror row."""
+    position = {
+        "commit_timestamp_text": "2026-11-23T00:00:00.000000000Z",
+        "server_transaction_id": "bench",
+        "record_sequence": "00000000",
+        "mod_index": 0,
+    }
+    return {
+        "keys": pa.array([f'{{"account_id":"{k}"}}' for k in keys]),
+        "last_applied": pa.array([position] * len(keys), pa.struct(_POSITION_FIELDS)),
+    }
+
+
+_POSITION_FIELDS = [
+    pa.field("commit_timestamp_text", pa.string()),
+    pa.field("server_transaction_id", pa.string()),
+    pa.field("record_sequence", pa.string()),
+    pa.field("mod_index", pa.int32()),
+]
+
+
 def build_mirror(uri: str, rows: int, file_rows: int) -> None:
     """Created as the product creates a mirror, then appended to as its first batches would be."""
-    create_mirror(uri, SHAPE.struct())
+    create_mirror(uri, mirror_struct(SHAPE))
     for start in range(0, rows, file_rows):
         keys = list(range(start, min(rows, start + file_rows)))
-        write_deltalake(uri, rows_of(keys), mode="append")
+        bookkeeping = bookkeeping_of(keys)
+        table = rows_of(keys).append_column(KEYS_COLUMN, bookkeeping["keys"])
+        table = table.append_column(POSITION_COLUMN, bookkeeping["last_applied"])
+        write_deltalake(uri, table, mode="append")
 
 
 def batch(keys: list[int]) -> pa.Table:
-    """Processor output as the driver MERGE receives it: operation and the row image struct."""
+    """Processor output as the driver MERGE receives it: operation, the row image struct, the
+    keys and the position."""
     image = rows_of(keys)
     columns = [c.combine_chunks() for c in image.columns]
     struct = pa.StructArray.from_arrays(columns, names=image.column_names)
@@ -80,6 +112,7 @@ def batch(keys: list[int]) -> pa.Table:
             "table_name": pa.array(["accounts"] * len(keys)),
             OPERATION: pa.array(["UPSERT"] * len(keys)),
             row_variable("accounts"): struct,
+            **bookkeeping_of(keys),
         }
     )
 

@@ -168,6 +168,12 @@ def newest_change_per_key(batch: DataFrame, shapes: dict[str, Any]) -> DataFrame
         F.when(F.col("mod_type") == "DELETE", "DELETE").otherwise("UPSERT").alias(OPERATION),
         "commit_timestamp_text",
         image.alias(row_variable("accounts")),
+        F.struct(
+            "commit_timestamp_text",
+            "server_transaction_id",
+            "record_sequence",
+            F.col("mod_index").cast("int").alias("mod_index"),
+        ).alias("last_applied"),
     )
 
 

@@ -1,5 +1,7 @@
 """Command line: ``python -m pipeline run`` keeps the mirror tables; ``python -m pipeline
-check-state-schema`` says whether the next deployment's state schemas may run on the checkpoint.
+check-state-schema`` says whether the next deployment's state schemas may run on the checkpoint;
+``python -m pipeline rebase`` seeds a new state generation from the mirrors (a lost or corrupt
+checkpoint, a state layout change).
 
 A bad option or a refused state schema change ends with one ``error:`` line on stderr and exit 2;
 a failure while running exits 1.
@@ -19,6 +21,7 @@ from ingest.model.logs import make_logger
 from ingest.model.options import ConfigError
 from pipeline import config as config_module
 from pipeline.job import PipelineFailed
+from pipeline.rebase import RebaseRefused
 from pipeline.state.checkpoint import CheckpointInUse
 from pipeline.state.compatibility import StateSchemaError
 
@@ -49,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (
         ("run", "run the streaming job"),
         ("check-state-schema", "check the state schemas against the recorded ones"),
+        ("rebase", "seed a new state generation from the mirrors (the job must be stopped)"),
     ):
         command = commands.add_parser(name, help=text)
         command.add_argument("--config", help="TOML file (also PIPELINE_CONFIG_FILE)")
@@ -68,12 +72,23 @@ def load_config(arguments: argparse.Namespace) -> config_module.PipelineConfig:
 
 def check_state_schema(config: config_module.PipelineConfig) -> int:
     from pipeline.catalog import discover_shapes
-    from pipeline.job import checked_state_schemas
+    from pipeline.job import checked_state_schemas, only_limits
+    from pipeline.state import generations
     from pipeline.state.registry import SchemaRegistry
 
-    _, evolution = checked_state_schemas(
-        config, discover_shapes(config.changelog_uri), SchemaRegistry(config.checkpoint_uri)
-    )
+    generation = generations.current(config.checkpoint_uri)
+    try:
+        _, evolution = checked_state_schemas(
+            config, discover_shapes(config.changelog_uri), SchemaRegistry(generation.uri)
+        )
+    except StateSchemaError as refused:
+        if not only_limits(refused):
+            raise
+        print(
+            f"ok: the job takes a rebase first (state generation {generation.number + 1}, "
+            f"seeded from the mirrors): {refused}"
+        )
+        return 0
     print(
         "ok: "
         + (
@@ -83,6 +98,30 @@ def check_state_schema(config: config_module.PipelineConfig) -> int:
             if evolution.is_change
             else "no state schema change"
         )
+    )
+    return 0
+
+
+def rebase(config: config_module.PipelineConfig) -> int:
+    from pipeline.job import spark_settings
+    from pipeline.rebase import rebase_on_demand
+    from pipeline.session import build_session
+
+    log = make_logger(sys.stdout, config.log_level).bind(component="pipeline")
+    generation = rebase_on_demand(
+        config,
+        log,
+        lambda: build_session(
+            f"spanner-mirrors-rebase-{config.job_id}",
+            master=config.master or None,
+            shuffle_partitions=config.shuffle_partitions,
+            extra=spark_settings(config),
+        ),
+        "on demand (python -m pipeline rebase)",
+    )
+    print(
+        f"ok: state generation {generation.number} seeded from the mirrors; the next run "
+        f"reads the change log from version {generation.starting_version}"
     )
     return 0
 
@@ -130,6 +169,7 @@ def run(config: config_module.PipelineConfig) -> int:
         batches=stats.batches,
         rows_merged=stats.rows_merged,
         restarts=stats.restarts,
+        rebases=stats.rebases,
     )
     return 0
 
@@ -140,8 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(arguments)
         if arguments.command == "check-state-schema":
             return check_state_schema(config)
+        if arguments.command == "rebase":
+            return rebase(config)
         return run(config)
-    except (UsageError, ConfigError, StateSchemaError, CheckpointInUse) as error:
+    except (UsageError, ConfigError, StateSchemaError, CheckpointInUse, RebaseRefused) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except PipelineFailed as error:

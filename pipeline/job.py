@@ -32,8 +32,17 @@ from pipeline.processor import (
     ChangeApplier,
     output_schema,
 )
+from pipeline.rebase import rebase, retire_replaced
+from pipeline.state import cut, generations
 from pipeline.state.checkpoint import CheckpointLock, checkpoint_id, roll_back_uncommitted_batch
-from pipeline.state.compatibility import Evolution, Limits, check_evolution, fields_added
+from pipeline.state.compatibility import (
+    Evolution,
+    Limits,
+    StateSchemaError,
+    check_evolution,
+    fields_added,
+)
+from pipeline.state.generations import Generation
 from pipeline.state.registry import Deployment, SchemaRegistry
 from pipeline.state.variables import legacy_variables, state_schemas
 from pipeline.types import TableShape
@@ -75,6 +84,11 @@ def checked_state_schemas(
     return schemas, evolution
 
 
+def only_limits(refused: StateSchemaError) -> bool:
+    """Whether a refusal is only Spark's evolution limits: what a rebase resolves."""
+    return all(r.rule.startswith("evolution limit") for r in refused.refusals)
+
+
 def plan_deployment(config: PipelineConfig, log: Logger) -> Plan:
     """Shapes, checked and recorded state schemas; StateSchemaError when a rule is broken."""
     shapes = discover_shapes(config.changelog_uri)
@@ -106,6 +120,7 @@ class JobStats:
     batches: int = 0
     rows_merged: int = 0
     restarts: int = 0
+    rebases: int = 0
 
 
 def spark_settings(config: PipelineConfig) -> dict[str, str]:
@@ -140,15 +155,17 @@ def spark_settings(config: PipelineConfig) -> dict[str, str]:
     }
 
 
-def read_changes(spark: Any, config: PipelineConfig) -> Any:
-    """The change log as a stream of the columns the processor reads."""
-    return (
+def read_changes(spark: Any, config: PipelineConfig, starting_version: int | None = None) -> Any:
+    """The change log as a stream of the columns the processor reads, from its first version or
+    (a rebased generation) from ``starting_version``."""
+    reader = (
         spark.readStream.format("delta")
         .option("maxFilesPerTrigger", config.max_files_per_trigger)
         .option("maxBytesPerTrigger", f"{config.max_mb_per_trigger}m")
-        .load(config.changelog_uri)
-        .select(*INPUT_COLUMNS)
     )
+    if starting_version is not None:
+        reader = reader.option("startingVersion", starting_version)
+    return reader.load(config.changelog_uri).select(*INPUT_COLUMNS)
 
 
 def start_query(
@@ -158,7 +175,11 @@ def start_query(
     stats: JobStats,
     log: Logger,
     metrics: PipelineMetrics,
+    generation: Generation | None = None,
 ) -> Any:
+    """The query of one state generation (``config.checkpoint_uri`` is its folder): a rebased
+    one reads from its starting version and loads its seed until its first batch commits."""
+    generation = generation or Generation(0, config.checkpoint_uri)
     processor = ChangeApplier(
         plan.shapes,
         plan.deleted_variables,
@@ -166,11 +187,15 @@ def start_query(
         int(config.tombstone_ttl_s * 1000),
         legacy_variables(plan.deployment.schemas),
     )
-    changes = read_changes(spark, config)
+    changes = read_changes(spark, config, generation.starting_version)
+    seed = None
+    if generation.seed_uri is not None and not generations.has_committed(generation):
+        seed = spark.read.parquet(generation.seed_uri).groupBy("table_name", "keys")
     applied = changes.groupBy("table_name", "keys").transformWithState(
-        processor, output_schema(plan.shapes), "Update", "ProcessingTime"
+        processor, output_schema(plan.shapes), "Update", "ProcessingTime", initialState=seed
     )
     app_ids: dict[str, str] = {}
+    retired: list[bool] = []
 
     def land(batch: Any, batch_id: int) -> None:
         started = time.monotonic()
@@ -187,6 +212,13 @@ def start_query(
                 config.local_merge_max_rows,
                 config.local_merge_max_mb * 1024 * 1024,
             )
+        offset = cut.batch_end_offset(config.checkpoint_uri, batch_id)
+        if offset is not None:
+            position = cut.Cut(cut.next_version(offset), generation.number, batch_id)
+            cut.record(config.mirror_root, position)
+        if batch_id >= 1 and not retired:
+            retire_replaced(generation, log)
+            retired.append(True)
         seconds = time.monotonic() - started
         stats.batches += 1
         stats.rows_merged += sum(result.rows.values())
@@ -276,7 +308,23 @@ def run_pipeline(
     with lock, contextlib.ExitStack() as cleanup:
         spark = None
         while not stop.is_set():
-            plan = plan_deployment(config, log)
+            generation = generations.current(config.checkpoint_uri)
+            running = replace(config, checkpoint_uri=generation.uri)
+            try:
+                plan = plan_deployment(running, log)
+            except StateSchemaError as refused:
+                if not only_limits(refused):
+                    raise
+                if spark is None:
+                    spark = session_factory()
+                    cleanup.enter_context(_listening(spark, metrics))
+                shapes = discover_shapes(config.changelog_uri)
+                for table, shape in shapes.items():
+                    ensure_mirror(spark, mirror_uri(config.mirror_root, table), shape, log)
+                rebase(spark, config, shapes, log, f"before Spark's limit: {_first_line(refused)}")
+                stats.rebases += 1
+                metrics.rebases.inc()
+                continue
             if not plan.shapes:
                 if config.trigger == "available-now":
                     log.info("pipeline_no_changes", changelog=config.changelog_uri)
@@ -288,17 +336,18 @@ def run_pipeline(
                 cleanup.enter_context(_listening(spark, metrics))
             for table, shape in plan.shapes.items():
                 ensure_mirror(spark, mirror_uri(config.mirror_root, table), shape, log)
-            undone = roll_back_uncommitted_batch(config.checkpoint_uri)
+            undone = roll_back_uncommitted_batch(running.checkpoint_uri)
             if undone:
                 log.warning("uncommitted_batch_schema_files_removed", files=len(undone))
             if drain.is_set() and config.trigger != "available-now":
                 config = replace(config, trigger="available-now")
                 log.info("pipeline_draining")
-            query = start_query(spark, config, plan, stats, log, metrics)
+            query = start_query(spark, running, plan, stats, log, metrics, generation)
             metrics.query_started(plan.deployment.number)
             log.info(
                 "pipeline_query_started",
                 tables=sorted(plan.shapes),
+                generation=generation.number,
                 deployment=plan.deployment.number,
                 guarded_fields={k: list(v) for k, v in plan.guarded_fields.items()},
             )

@@ -97,6 +97,11 @@ class PipelineMetrics:
             labelnames=["reason"],
             registry=self.registry,
         )
+        self.rebases = Counter(
+            "pipeline_state_rebases",
+            "New state generations seeded from the mirrors (before Spark's evolution limits)",
+            registry=self.registry,
+        )
         self.deployment = Gauge(
             "pipeline_state_deployment",
             "Number of the state schema deployment the query runs",

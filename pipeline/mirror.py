@@ -40,8 +40,8 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from pipeline.processor import OPERATION
-from pipeline.state.variables import row_variable
+from pipeline.processor import LAST_APPLIED_COLUMN, OPERATION
+from pipeline.state.variables import LAST_APPLIED, row_variable
 from pipeline.types import TableShape
 
 Logger = structlog.typing.FilteringBoundLogger
@@ -69,6 +69,25 @@ GENERATIONS_PROPERTY = "spanner_cdc.generations"
 """Mirror table property: the generation each column holds (pipeline.types.Generation)."""
 
 
+KEYS_COLUMN = "_cdc_keys"
+"""Mirror column: the row's primary key as the change log spells it (JSON)."""
+POSITION_COLUMN = "_cdc_last_applied"
+"""Mirror column: the change-log position of the row's last applied change (commit timestamp
+text, transaction id, record sequence, mod index). With ``_cdc_keys`` it lets a rebase seed
+state from the mirror exactly (``pipeline.state.seed``)."""
+
+
+def mirror_struct(shape: TableShape) -> T.StructType:
+    """The mirror's columns: the table's, then the two the product keeps beside each row."""
+    return T.StructType(
+        [
+            *shape.struct().fields,
+            T.StructField(KEYS_COLUMN, T.StringType(), True),
+            T.StructField(POSITION_COLUMN, LAST_APPLIED, True),
+        ]
+    )
+
+
 def ensure_mirror(spark: SparkSession, uri: str, shape: TableShape, log: Logger) -> None:
     """Create the mirror, add new columns, and rewrite columns whose type changed.
 
@@ -78,7 +97,7 @@ def ensure_mirror(spark: SparkSession, uri: str, shape: TableShape, log: Logger)
     rewrite is a metadata change: concurrent readers of the mirror fail once and must be restarted
     (docs/design.md, Delta concurrency).
     """
-    wanted = shape.struct()
+    wanted = mirror_struct(shape)
     generations = {c.name: shape.mirror_generation(c) for c in shape.columns}
     newer = {name: number for name, number in sorted(generations.items()) if number > 1}
     current = _read_mirror_metadata(uri)
@@ -92,7 +111,7 @@ def ensure_mirror(spark: SparkSession, uri: str, shape: TableShape, log: Logger)
     renewed = [
         f
         for f in wanted.fields
-        if f.name in existing and generations[f.name] > recorded.get(f.name, 1)
+        if f.name in existing and generations.get(f.name, 1) > recorded.get(f.name, 1)
     ]
     retyped = [
         f
@@ -216,7 +235,10 @@ def merge_into_mirror(
 
     struct_field = row_variable(shape.name)
     source = changes.where(F.col("table_name") == shape.name).select(
-        F.col(OPERATION), F.col(f"{_quoted(struct_field)}.*")
+        F.col(OPERATION),
+        F.col(f"{_quoted(struct_field)}.*"),
+        F.col("keys").alias(KEYS_COLUMN),
+        F.col(LAST_APPLIED_COLUMN).alias(POSITION_COLUMN),
     )
     keys = [c.name for c in shape.key_columns]
     matches = functools.reduce(
@@ -226,7 +248,7 @@ def merge_into_mirror(
     condition = matches & _narrowing_condition(source, shape)
     upsert = F.col(f"s.{OPERATION}") == "UPSERT"
     values: dict[str, str | SparkColumn] = {
-        _quoted(f.name): F.col(f"s.{_quoted(f.name)}") for f in shape.struct().fields
+        _quoted(f.name): F.col(f"s.{_quoted(f.name)}") for f in mirror_struct(shape).fields
     }
     spark.conf.set("spark.databricks.delta.write.txnAppId", app_id)
     spark.conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
@@ -245,6 +267,10 @@ def merge_into_mirror(
         spark.conf.unset("spark.databricks.delta.write.txnVersion")
 
 
+STATISTICS_INEXACT = {"NUMERIC", "TIMESTAMP"}
+"""Key types whose Delta file statistics (as delta-rs writes them) cannot be trusted to prune."""
+
+
 def _key_predicate(shape: TableShape, source: pa.Table) -> str:
     """Key equality in delta-rs's SQL, one parenthesised term per key column.
 
@@ -254,10 +280,17 @@ def _key_predicate(shape: TableShape, source: pa.Table) -> str:
     a NULL in the mirror never equals a source value either way. The parentheses are needed:
     delta-rs parses ``a IS NOT DISTINCT FROM b AND c ...`` as ``a IS NOT DISTINCT FROM (b AND
     c) ...`` and fails to plan it.
+
+    NUMERIC and TIMESTAMP keys never prune: delta-rs keeps a DECIMAL's file statistics as a JSON
+    float (-1013600356.374246144 became -1013600356.3742461, above the value itself) and a
+    timestamp's at milliseconds, so ``=`` skipped the file holding the key and the MERGE inserted
+    a second row (found by tests/test_mirror_keys.py).
     """
     terms = []
     for column in shape.key_columns:
-        equal = "IS NOT DISTINCT FROM" if source.column(column.name).null_count else "="
+        unprunable = column.type.get("code") in STATISTICS_INEXACT
+        nulls = source.column(column.name).null_count
+        equal = "IS NOT DISTINCT FROM" if nulls or unprunable else "="
         name = _sql_name(column.name)
         terms.append(f"(t.{name} {equal} s.{name})")
     return " AND ".join(terms)
@@ -292,7 +325,13 @@ def merge_on_driver(
         return False
     names = [f.name for f in shape.struct().fields]
     image = rows.column(row_variable(shape.name)).combine_chunks()
-    columns = [rows.column(OPERATION).combine_chunks(), *image.flatten()]
+    columns = [
+        rows.column(OPERATION).combine_chunks(),
+        *image.flatten(),
+        rows.column("keys").combine_chunks(),
+        rows.column(LAST_APPLIED_COLUMN).combine_chunks(),
+    ]
+    names = [*names, KEYS_COLUMN, POSITION_COLUMN]
     source = pa.Table.from_arrays(columns, names=[OPERATION, *names])
     source = source.cast(
         pa.schema([pa.field(f.name, _utc_timestamps(f.type)) for f in source.schema])

@@ -38,6 +38,7 @@ from pipeline.types import (
     mirror_value,
     parse_column_types,
     spark_value,
+    state_from_seed,
     state_value,
 )
 
@@ -45,6 +46,7 @@ SOURCE_SCHEMA_CHANGED = "SOURCE_SCHEMA_CHANGED"
 STATE_ROUNDTRIP_MISMATCH = "STATE_ROUNDTRIP_MISMATCH"
 ROW_NOT_APPLICABLE = "ROW_NOT_APPLICABLE"
 OPERATION = "_cdc_operation"
+LAST_APPLIED_COLUMN = "last_applied"
 INPUT_COLUMNS = [
     "table_name",
     "keys",
@@ -85,6 +87,9 @@ class RowNotApplicable(RuntimeError):
 
 
 def output_schema(shapes: Mapping[str, TableShape]) -> T.StructType:
+    """One row per changed key: its keys as the change log spells them, the operation, the image
+    (one struct per table) and the position of the key's last applied change, which the mirror
+    keeps beside the row so a rebase can seed state from it exactly."""
     fields = [
         T.StructField("table_name", T.StringType()),
         T.StructField("keys", T.StringType()),
@@ -92,6 +97,7 @@ def output_schema(shapes: Mapping[str, TableShape]) -> T.StructType:
         T.StructField("commit_timestamp_text", T.StringType()),
     ]
     fields += [T.StructField(row_variable(n), s.struct()) for n, s in sorted(shapes.items())]
+    fields.append(T.StructField(LAST_APPLIED_COLUMN, LAST_APPLIED))
     return T.StructType(fields)
 
 
@@ -222,8 +228,27 @@ class ChangeApplier(StatefulProcessor):
             OPERATION: operation,
             "commit_timestamp_text": marker[0],
             row_variable(table): tuple(output.get(c.name) for c in shape.columns),
+            LAST_APPLIED_COLUMN: marker,
         }
         yield Row(*self.output_fields)(*(values.get(name) for name in self.output_fields))
+
+    def handleInitialState(self, key: Any, initialState: Row, timerValues: Any) -> None:
+        """A rebased generation's first batch: one mirror row becomes the key's entry
+        (``pipeline.state.seed``)."""
+        table, _ = key
+        shape = self.shapes[table]
+        mirrored = _fields(initialState[row_variable(table)])
+        image: dict[str, Any] = {}
+        for column in shape.columns:
+            field = shape.current_field(column)
+            if field is not None:
+                image[field] = state_from_seed(column.type, mirrored.get(column.name))
+        position = _fields(initialState[LAST_APPLIED_COLUMN])
+        marker = tuple(position[name] for name in LAST_APPLIED.fieldNames())
+        blank = tuple(None for _ in CHANGE_STATS.fieldNames())
+        self.entries[table].update(
+            (tuple(image.get(name) for name in self.image_fields[table]), marker, blank)
+        )
 
     def close(self) -> None:
         pass
@@ -406,3 +431,9 @@ def _count(stats: dict[str, Any], row: Row) -> dict[str, Any]:
         stats["first_commit_timestamp"] = stats["first_commit_timestamp"] or when
         stats["last_commit_timestamp"] = when
     return stats
+
+
+def _fields(value: Any) -> dict[str, Any]:
+    """A struct of the initial state by field name (PySpark hands nested structs over as Rows
+    or as dicts)."""
+    return value.asDict() if isinstance(value, Row) else dict(value)

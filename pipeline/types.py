@@ -20,7 +20,7 @@ from pyspark.sql import types as T
 from ingest.delta.changelog import SCHEMA_ROW
 from ingest.model.encoding import canonical_json
 from ingest.model.records import ColumnType
-from ingest.model.timestamps import parse_rfc3339
+from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from ingest.model.values import decode_value
 
 NUMERIC = T.DecimalType(38, 9)
@@ -445,6 +445,54 @@ def _element_mirror(element_type: dict[str, Any], item: Any) -> Any:
     if not is_mapped(element_type):
         return item if isinstance(item, str) else json.dumps(item, sort_keys=True)
     return _scalar(element_type, item, raw=True)
+
+
+def state_from_seed(spanner_type: dict[str, Any], value: Any) -> Any:
+    """A mirror value as state keeps it: a rebase seeds state from the mirrors. The seed
+    carries timestamps as epoch microseconds (Spark's ``unix_micros``, exact at any year and
+    in any time zone); ``mirror_value`` of the result is the mirror's value again."""
+    if value is None:
+        return None
+    code = spanner_type.get("code")
+    if code == "ARRAY":
+        element = spanner_type.get("array_element_type") or {}
+        return canonical_json([None if v is None else _element_wire(element, v) for v in value])
+    if code == "STRING":
+        return str(value).encode()
+    if code == "BYTES":
+        return bytes(value)
+    if code == "TIMESTAMP":
+        return _EPOCH + dt.timedelta(microseconds=value)
+    return value
+
+
+def _element_wire(element_type: dict[str, Any], item: Any) -> Any:
+    """An array element of the seed as state keeps it: as Spanner sends it, but text and
+    bytes both as base64."""
+    code = element_type.get("code")
+    if code == "STRING":
+        return base64.b64encode(str(item).encode()).decode()
+    if code == "BYTES":
+        return base64.b64encode(bytes(item)).decode()
+    if not is_mapped(element_type):
+        return item
+    if code in ("INT64", "ENUM", "NUMERIC"):
+        return str(item)
+    if code == "DATE":
+        return item.isoformat()
+    if code == "TIMESTAMP":
+        return to_rfc3339(item * 1000)
+    return item
+
+
+def is_timestamp(spanner_type: dict[str, Any]) -> bool:
+    """A TIMESTAMP, or an array of them: what the seed carries as epoch microseconds."""
+    if spanner_type.get("code") == "ARRAY":
+        return is_timestamp(spanner_type.get("array_element_type") or {})
+    return spanner_type.get("code") == "TIMESTAMP"
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def _scalar(spanner_type: dict[str, Any], value: Any, raw: bool) -> Any:

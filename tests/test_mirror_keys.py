@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from ingest.model.logs import null_logger
 from ingest.model.records import ColumnType
 from pipeline.catalog import scan
-from pipeline.mirror import create_mirror, mirror_uri, write_batch
+from pipeline.mirror import create_mirror, mirror_struct, mirror_uri, write_batch
 from pipeline.processor import OPERATION, output_schema
 from pipeline.state.variables import row_variable
 from pipeline.types import TableShape
@@ -101,6 +101,7 @@ def batch_rows(shape: TableShape, batch: dict[tuple, int | None]) -> Iterator[di
             OPERATION: "DELETE" if value is None else "UPSERT",
             "commit_timestamp_text": "2026-11-24T10:00:00Z",
             row_variable(TABLE): tuple(image) if value is not None else (*key, None),
+            "last_applied": ("2026-11-24T10:00:00Z", "tx", "00000000", 0),
         }
 
 
@@ -123,6 +124,17 @@ def the_issue_s_table() -> tuple[TableShape, list[dict[tuple, int | None]]]:
     return shape, [{null_s: 1}, {null_s: 2, plain: 3}, {null_s: None}]
 
 
+def a_decimal_key_past_float_precision() -> tuple[TableShape, list[dict[tuple, int | None]]]:
+    """Found by this test: delta-rs kept the NUMERIC key's file statistics as a float above the
+    value, pruned the file holding it, and the driver MERGE inserted the key a second time."""
+    codes = {"select": "NUMERIC", "Order": "BOOL", "from": "DATE", "key": "BOOL"}
+    columns = [ColumnType(n, spanner_type(c), True, i) for i, (n, c) in enumerate(codes.items(), 1)]
+    shape = TableShape(TABLE, (*columns, ColumnType("AND", spanner_type("INT64"), False, 5)))
+    first = (Decimal("-1013600356.374246144"), None, dt.date(1109, 6, 15), False)
+    second = (Decimal(-570272), None, dt.date(8055, 6, 27), False)
+    return shape, [{first: 1, second: None}, {second: 2}, {first: 6}]
+
+
 @settings(
     max_examples=6,
     deadline=None,
@@ -130,6 +142,7 @@ def the_issue_s_table() -> tuple[TableShape, list[dict[tuple, int | None]]]:
 )
 @given(history=histories())
 @example(history=the_issue_s_table())
+@example(history=a_decimal_key_past_float_precision())
 def test_any_primary_key_merges_to_the_model_on_the_driver_and_through_spark(
     spark,
     tmp_path_factory: pytest.TempPathFactory,
@@ -140,7 +153,7 @@ def test_any_primary_key_merges_to_the_model_on_the_driver_and_through_spark(
     folder = tmp_path_factory.mktemp("keys")
     roots = {"driver": str(folder / "driver"), "spark": str(folder / "spark")}
     for root in roots.values():
-        create_mirror(mirror_uri(root, TABLE), shape.struct())
+        create_mirror(mirror_uri(root, TABLE), mirror_struct(shape))
     schema = output_schema({TABLE: shape})
     for batch_id, batch in enumerate(batches):
         for key, value in batch.items():

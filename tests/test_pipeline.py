@@ -173,7 +173,7 @@ def test_a_batch_the_mirror_holds_is_skipped_whichever_way_merges_it_again(
     assert last_batch is not None and last_batch == stats.batches - 1
     shapes = discover_shapes(config.changelog_uri)
     changed = spark.createDataFrame(
-        [("accounts", '{"account_id":"1"}', "UPSERT", "2030-01-01T00:00:00Z", (1, "zed", 5))],
+        [("accounts", '{"account_id":"1"}', "UPSERT", "2030-01-01T00:00:00Z", (1, "zed", 5), None)],
         output_schema(shapes),
     )
     limit = 1000 if replayed_by == "driver" else 0
@@ -199,7 +199,7 @@ def test_a_batch_of_wide_rows_goes_to_spark_however_few_they_are(spark, tmp_path
 
     def batch(key: int) -> Any:
         row = ("accounts", f'{{"account_id":"{key}"}}', "UPSERT", "2030-01-01T00:00:00Z")
-        return spark.createDataFrame([(*row, (key, wide, key))], output_schema(shapes))
+        return spark.createDataFrame([(*row, (key, wide, key), None)], output_schema(shapes))
 
     def write(batch_id: int, key: int, max_bytes: int) -> bool:
         result = write_batch(
@@ -619,7 +619,7 @@ def test_max_restarts_counts_restarts_without_a_batch_between_them(
     stop = threading.Event()
     starts = iter(batches_between)
 
-    def start_query(spark, config, plan, stats, log, metrics):
+    def start_query(spark, config, plan, stats, log, metrics, generation):
         batches = next(starts, None)
         if batches is None:
             stop.set()

@@ -40,7 +40,7 @@ from pipeline.job import PipelineFailed
 from pipeline.mirror import mirror_uri
 from pipeline.state.registry import Deployment, SchemaRegistry
 from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
-from tests.pipeline_runs import configure, run
+from tests.pipeline_runs import configure, run, spanner_columns
 from tests.processes import Pipeline, Service
 
 pytestmark = pytest.mark.emulator
@@ -123,7 +123,7 @@ def source(
 
 def mirror(config: PipelineConfig, table: str) -> dict[int, dict[str, Any]]:
     rows = scan(DeltaTable(mirror_uri(config.mirror_root, table))).to_pylist()
-    return {row["id"]: row for row in rows}
+    return {row["id"]: spanner_columns(row) for row in rows}
 
 
 def test_null_array_elements_empty_and_null_arrays_reach_the_mirror(spark, source: Source) -> None:

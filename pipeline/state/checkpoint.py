@@ -141,6 +141,12 @@ def _numbered(filesystem: pafs.FileSystem, folder: str) -> set[int]:
     }
 
 
+def committed_batches(checkpoint_uri: str) -> set[int]:
+    """Batch ids Spark has committed in the checkpoint (``commits/<n>``)."""
+    filesystem, root = filesystem_for(checkpoint_uri)
+    return _numbered(filesystem, f"{root.rstrip('/')}/commits")
+
+
 def roll_back_uncommitted_batch(checkpoint_uri: str) -> list[str]:
     """Delete the state schema and operator metadata files of batches with no commit.
 

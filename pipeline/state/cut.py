@@ -1,0 +1,78 @@
+"""Where the mirrors stand in the change log: recorded after each batch's MERGEs, read by a rebase.
+
+``<mirror_root>/_cut.json`` names the first change-log version not wholly in the mirrors, taken
+from the batch's end offset in the Spark checkpoint (``offsets/<batch>``, written before the batch
+runs). It lives beside the mirrors, not in the checkpoint, so a rebase after the checkpoint is
+lost still knows where to start. It is written after the MERGEs, so it never runs ahead of them;
+a crash before it is written leaves the previous batch's cut, and the rows in between are read
+again: applying a stretch of the change log twice gives the same rows (each change carries its
+values, not a difference), and the seed's per-row positions skip what a row already holds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from pipeline.state.registry import filesystem_for
+
+CUT_FILE = "_cut.json"
+END_INDEX = 2**63 - 1
+"""Delta's offset index once every file of the offset's version is processed."""
+BASE_INDEX = -1
+"""Delta's offset index before the first file of the offset's version."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    starting_version: int
+    """The first change-log version a new state generation must read."""
+    generation: int
+    batch_id: int
+
+
+def next_version(offset: dict[str, object]) -> int:
+    """The first change-log version a Delta source end offset does not hold wholly. A version
+    read in part is read again whole (see the module's note); so is the initial snapshot of a
+    query that started without a starting version, read in part."""
+    version = int(str(offset["reservoirVersion"]))
+    index = int(str(offset["index"]))
+    if offset.get("isStartingVersion") and index != END_INDEX:
+        return 0
+    if index == END_INDEX:
+        return version + 1
+    return version
+
+
+def batch_end_offset(checkpoint_uri: str, batch_id: int) -> dict[str, object] | None:
+    """The change log's end offset of a planned batch (Spark's ``offsets/<batch>``: a version
+    line, the batch's metadata, then one line per source)."""
+    filesystem, root = filesystem_for(checkpoint_uri)
+    try:
+        with filesystem.open_input_stream(f"{root.rstrip('/')}/offsets/{batch_id}") as stream:
+            lines = stream.read().decode().splitlines()
+    except FileNotFoundError:
+        return None
+    sources = [line for line in lines[2:] if line.strip() and line.strip() != "-"]
+    if not sources:
+        return None
+    offset: dict[str, object] = json.loads(sources[0])
+    return offset
+
+
+def record(mirror_root: str, cut: Cut) -> None:
+    filesystem, root = filesystem_for(mirror_root)
+    filesystem.create_dir(root, recursive=True)
+    temporary = f"{root.rstrip('/')}/{CUT_FILE}.tmp"
+    with filesystem.open_output_stream(temporary) as stream:
+        stream.write(json.dumps(asdict(cut)).encode())
+    filesystem.move(temporary, f"{root.rstrip('/')}/{CUT_FILE}")
+
+
+def read(mirror_root: str) -> Cut | None:
+    filesystem, root = filesystem_for(mirror_root)
+    try:
+        with filesystem.open_input_stream(f"{root.rstrip('/')}/{CUT_FILE}") as stream:
+            return Cut(**json.loads(stream.read()))
+    except FileNotFoundError:
+        return None
