@@ -14,6 +14,7 @@ import base64
 import datetime as dt
 import itertools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from pipeline.catalog import discover_shapes, scan
 from pipeline.config import PipelineConfig
 from pipeline.job import PipelineFailed
 from pipeline.mirror import mirror_uri
+from pipeline.state import generations
 from pipeline.state.registry import Deployment, SchemaRegistry
 from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
 from tests.pipeline_runs import configure, run, spanner_columns
@@ -417,15 +419,15 @@ def test_a_nested_rename_is_confirmed_by_the_refusal_s_own_suggestion(
     source.assert_mirrors_equal_spanner(config, "renames")
 
 
-def test_the_evolution_limit_refuses_before_spark_and_records_nothing(
+def test_at_spark_s_evolution_limit_the_job_rebases_instead_of_stopping(
     spark, source: Source
 ) -> None:
-    """Issue 24, defect 3: the product let through the evolution Spark refuses (its limit was
-    one above Spark's); the job recorded it, added the mirror column and then failed with a
-    stack-trace line. With Spark's threshold at 3 (as the product sets it from
-    max_evolutions_per_variable), evolutions 1 and 2 run through real Spark, the 3rd is refused
-    by the product before Spark starts with one line and exit 2, nothing recorded, and real
-    Spark refuses that same evolution when the product's limit is lifted."""
+    """Issue 24 set the product's limit to Spark's; issue 26 turns reaching it into a rebase.
+    With Spark's threshold at 3 (as the product sets it from max_evolutions_per_variable),
+    evolutions 1 and 2 run through real Spark; real Spark refuses the 3rd (checked on a copy,
+    with the product's limit lifted); ``check-state-schema`` says the job takes a rebase first;
+    the job seeds state generation 1 from the mirrors, its counts start from zero, and the
+    mirrors equal Spanner."""
     threshold = "spark.sql.streaming.stateStore.valueStateSchemaEvolutionThreshold"
     source.ddl("CREATE TABLE widening (id INT64 NOT NULL, c0 INT64) PRIMARY KEY (id)")
     config = configure(
@@ -451,27 +453,34 @@ def test_the_evolution_limit_refuses_before_spark_and_records_nothing(
             if name != "c3":
                 run(spark, config)
         assert _evolutions(config, "entry_widening") == 2
-        recorded = len(_deployments(config))
+
+        copy = source.folder / "widening-copy"
+        shutil.copytree(source.folder / "widening", copy)
+        lifted = replace(
+            configure(copy, changelog_uri=str(source.changelog)), max_evolutions_per_variable=4
+        )
+        with pytest.raises(PipelineFailed, match="STATE_STORE_VALUE_SCHEMA_EVOLUTION_THRESHOLD"):
+            run(spark, lifted)
+
         pipeline = Pipeline(
             source.changelog,
             source.folder / "widening",
             source.folder / "widening.log",
             PIPELINE_MAX_EVOLUTIONS_PER_VARIABLE="3",
         )
-        refused = _pipeline_cli(pipeline, "run", "--trigger", "available-now")
-        assert refused.returncode == 2, refused.stderr[-3000:]
-        assert refused.stderr.strip().splitlines() == [
-            "error: state schema change refused (1): state variable 'entry_widening': evolution "
-            "limit per variable exceeded: this would be evolution 3 of the variable; with "
-            "max_evolutions_per_variable=3 (Spark's spark.sql.streaming.stateStore."
-            "valueStateSchemaEvolutionThreshold) Spark allows 2"
-        ]
-        assert len(_deployments(config)) == recorded
-        assert "c3" not in DeltaTable(uri).schema().to_arrow().names
-        with pytest.raises(PipelineFailed, match="STATE_STORE_VALUE_SCHEMA_EVOLUTION_THRESHOLD"):
-            run(spark, replace(config, max_evolutions_per_variable=4))
+        checked = _pipeline_cli(pipeline, "check-state-schema")
+        assert checked.returncode == 0, checked.stderr[-2000:]
+        assert checked.stdout.startswith("ok: the job takes a rebase first"), checked.stdout
+        ran = _pipeline_cli(pipeline, "run", "--trigger", "available-now")
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        assert '"event": "state_rebased"' in ran.stdout
     finally:
         spark.conf.set(threshold, PipelineConfig().max_evolutions_per_variable)
+    generation = generations.current(config.checkpoint_uri)
+    assert generation.number == 1
+    assert len(SchemaRegistry(generation.uri).history()) == 1, "counts start from zero"
+    assert "c3" in DeltaTable(uri).schema().to_arrow().names
+    source.assert_mirrors_equal_spanner(config, "widening")
 
 
 def _renamed_updates(entry: T.StructType) -> T.StructType:

@@ -1,0 +1,128 @@
+"""A table that keeps gaining columns, on the real emulator, with the ingest service and the
+pipeline running continuously: the job never stops at Spark's evolution limit, it rebases, and
+after each step the mirrors equal Spanner at the change log's W."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import signal
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from emulator.verify import changelog_watermark
+from ingest.model.timestamps import to_rfc3339
+from pipeline.catalog import version_holding
+from pipeline.mirror import mirror_uri
+from pipeline.state import cut
+from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
+from tests.processes import Pipeline, Service
+
+COLUMNS = 40
+KINDS: list[tuple[str, Any]] = [
+    ("STRING(MAX)", "text ü"),
+    ("INT64", -(2**63)),
+    ("FLOAT64", 2.5),
+    ("BOOL", True),
+    ("DATE", dt.date(1, 1, 1)),
+    ("TIMESTAMP", dt.datetime(2026, 11, 24, 12, 0, 1, tzinfo=dt.UTC)),
+    ("NUMERIC", Decimal("12345678901234567890.123456789")),
+    ("BYTES(MAX)", base64.b64encode(b"\x00\xff")),
+    ("JSON", json.dumps({"a": [1, None]})),
+    ("ARRAY<INT64>", [1, None, 3]),
+]
+
+
+def wait(condition: Any, timeout: float, what: str, *processes: Any) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        for process in processes:
+            assert process.poll() is None, f"a process exited ({process.returncode}) {what}"
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.5)
+
+
+@pytest.mark.emulator
+def test_forty_new_columns_while_running_rebase_and_never_stop_the_job(
+    new_database, tmp_path: Path
+) -> None:
+    database = new_database("googlesql", accounts=5)
+    apply_ddl(database, "CREATE TABLE wide (id INT64 NOT NULL, c0 INT64) PRIMARY KEY (id)")
+    with database.batch() as batch:
+        batch.insert("wide", ["id", "c0"], [(0, 0)])
+    changelog = tmp_path / "changelog"
+    service = Service(database.database_id, changelog, tmp_path / "ingest.log", None)
+    pipeline = Pipeline(
+        changelog,
+        tmp_path,
+        tmp_path / "pipeline.log",
+        PIPELINE_MAX_EVOLUTIONS_PER_VARIABLE="3",
+    )
+    uri = mirror_uri(str(tmp_path / "mirrors"), "wide")
+    ingest = service.start()
+    job = pipeline.start()
+    try:
+        service.wait_for("ingest_started", 1, timeout=120, process=ingest)
+        for number in range(1, COLUMNS + 1):
+            kind, value = KINDS[number % len(KINDS)]
+            name = f"c{number}"
+            apply_ddl(database, f"ALTER TABLE wide ADD COLUMN {name} {kind}")
+            with database.batch() as batch:
+                batch.insert("wide", ["id", name], [(number, value)])
+                batch.update("wide", ["id", name], [(0, value)])  # this column alone
+            last_commit = batch.committed
+            if number % 4 == 0:  # this one in a deployment of its own
+                wait(
+                    lambda: name in _mirror_columns(uri),  # noqa: B023
+                    240,
+                    f"the mirror never had {name}",
+                    ingest,
+                    job,
+                )
+            if number % 10 == 0:
+                landed = _quiesced(changelog, tmp_path, last_commit, ingest, job)
+                _, comparisons = compare_at_watermark(
+                    database, str(changelog), str(tmp_path / "mirrors"), tables=["wide"]
+                )
+                assert_mirrors_equal(comparisons, f"after {number} columns (W {landed})")
+        rebases = pipeline.count("state_rebased")
+        assert rebases >= 2, f"{rebases} rebases"
+        assert job.poll() is None, "the job never exits"
+        for process in (job, ingest):
+            process.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=120) == 0 and ingest.wait(timeout=60) == 0
+    finally:
+        job.kill()
+        ingest.kill()
+
+
+def _mirror_columns(uri: str) -> list[str]:
+    return DeltaTable(uri).schema().to_arrow().names if DeltaTable.is_deltatable(uri) else []
+
+
+def _quiesced(changelog: Path, root: Path, last_commit: dt.datetime, *processes: Any) -> str:
+    """Once the change log holds the last write and the pipeline has read it: the last write's
+    commit timestamp, as text."""
+    text = last_commit.astimezone(dt.UTC).isoformat()
+    target = int(last_commit.timestamp()) * 10**9 + last_commit.microsecond * 1000
+
+    def landed() -> bool:
+        watermark = changelog_watermark(str(changelog))
+        return watermark is not None and watermark.low_watermark >= target
+
+    wait(landed, 180, "the change log never passed the writes", *processes)
+    holding = version_holding(str(changelog), to_rfc3339(target))
+    assert holding is not None
+
+    def mirrored() -> bool:
+        recorded = cut.read(str(root / "mirrors"))
+        return recorded is not None and recorded.starting_version > holding
+
+    wait(mirrored, 300, "the pipeline never read the last write", *processes)
+    return text
