@@ -30,9 +30,10 @@ class PipelineConfig:
     trigger_interval_s: float = 1.0
     max_files_per_trigger: int = 1000
     """Change-log files per micro-batch, bounding a catch-up batch (Delta's own default)."""
-    max_mb_per_trigger: int = 256
+    max_mb_per_trigger: int = 32
     """Change-log MiB per micro-batch (Delta's ``maxBytesPerTrigger``, a soft bound: at least
-    one file): files of wide rows make a batch large in bytes long before 1,000 files."""
+    one file): files of wide rows make a batch large in bytes long before 1,000 files. With
+    Spark's default 1 GiB heap, 64 MiB batches of 1 MiB values ran it out; raise both together."""
     local_merge_max_rows: int = 50_000
     """Batches of at most this many mirror rows are merged on the driver by delta-rs, larger
     ones by Spark; 0 merges every batch through Spark."""

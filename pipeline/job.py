@@ -23,7 +23,7 @@ from pyspark.sql import types as T
 from pipeline.catalog import discover_shapes, version_holding
 from pipeline.config import PipelineConfig
 from pipeline.metrics import PipelineMetrics
-from pipeline.mirror import ensure_mirror, mirror_uri, write_batch
+from pipeline.mirror import MIRROR_TARGET_FILE_BYTES, ensure_mirror, mirror_uri, write_batch
 from pipeline.processor import (
     INPUT_COLUMNS,
     ROW_NOT_APPLICABLE,
@@ -135,11 +135,16 @@ def spark_settings(config: PipelineConfig) -> dict[str, str]:
     TIMESTAMP cover years 1 to 9999 of the proleptic Gregorian calendar, written and read as they
     are (CORRECTED), never rebased to the Julian one.
 
+    Parquet row groups are flushed at the mirrors' target file size (16 MiB), not 128 MiB: a
+    writer holds a row group in the JVM heap, and with 1 MiB values a MERGE's writers ran it out
+    (tests/test_wide_rows.py).
+
     Delta's log replay runs in as many partitions as the job's shuffle, not Delta's default 50: on
     two cores the change log's first snapshot took 15 s with 50, 3 s with 2 (bench/RESULTS.md).
     """
     return {
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        "spark.hadoop.parquet.block.size": str(MIRROR_TARGET_FILE_BYTES),
         "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
         "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
         "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
@@ -341,6 +346,7 @@ def run_pipeline(
                 log.warning("uncommitted_batch_schema_files_removed", files=len(undone))
             if drain.is_set() and config.trigger != "available-now":
                 config = replace(config, trigger="available-now")
+                running = replace(running, trigger="available-now")
                 log.info("pipeline_draining")
             query = start_query(spark, running, plan, stats, log, metrics, generation)
             metrics.query_started(plan.deployment.number)

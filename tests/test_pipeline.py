@@ -213,6 +213,27 @@ def test_a_batch_of_wide_rows_goes_to_spark_however_few_they_are(spark, tmp_path
     assert rows[7]["owner"] == wide and rows[8]["owner"] == wide
 
 
+def test_a_drain_turns_a_continuous_run_into_one_that_ends(spark, tmp_path: Path) -> None:
+    """SIGUSR1's path: the running query stops, and the job processes what the change log
+    holds, then returns (a drained query that kept the continuous trigger never ended)."""
+    config = configure(tmp_path, trigger="continuous")
+    seed(ChangeLog(config.changelog_uri))
+    drain, stop = threading.Event(), threading.Event()
+    drain.set()
+    finished: list[job.JobStats] = []
+    runner = threading.Thread(
+        target=lambda: finished.append(
+            run_pipeline(config, null_logger(), stop, lambda: spark, drain)
+        )
+    )
+    runner.start()
+    runner.join(timeout=240)
+    stop.set()
+    runner.join()
+    assert finished and finished[0].batches >= 1, "the drained run never ended"
+    assert mirror_rows(spark, config)[1]["balance"] == 90
+
+
 @pytest.mark.parametrize("local_merge_max_rows", [1000, 0])
 def test_a_null_key_is_one_mirror_row_whichever_way_merges_it(
     spark, tmp_path: Path, local_merge_max_rows: int

@@ -45,7 +45,7 @@ def wire_json(value: struct_pb2.Value) -> JsonValue:
     return None
 
 
-FIRST_RANGE_ROWS = 100
+FIRST_RANGE_ROWS = 10
 """The first read of a table asks this few rows: its rows' size is unknown until they arrive."""
 
 
