@@ -14,8 +14,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from ingest.model.logs import make_logger
 from ingest.model.options import ConfigError
@@ -102,22 +102,25 @@ def check_state_schema(config: config_module.PipelineConfig) -> int:
     return 0
 
 
-def rebase(config: config_module.PipelineConfig) -> int:
+def session_factory(config: config_module.PipelineConfig) -> Callable[[], Any]:
+    """The job's Spark session, built when first needed (``run`` and ``rebase``)."""
     from pipeline.job import spark_settings
-    from pipeline.rebase import rebase_on_demand
     from pipeline.session import build_session
+
+    return lambda: build_session(
+        f"spanner-mirrors-{config.job_id}",
+        master=config.master or None,
+        shuffle_partitions=config.shuffle_partitions,
+        extra=spark_settings(config),
+    )
+
+
+def rebase(config: config_module.PipelineConfig) -> int:
+    from pipeline.rebase import rebase_on_demand
 
     log = make_logger(sys.stdout, config.log_level).bind(component="pipeline")
     generation = rebase_on_demand(
-        config,
-        log,
-        lambda: build_session(
-            f"spanner-mirrors-rebase-{config.job_id}",
-            master=config.master or None,
-            shuffle_partitions=config.shuffle_partitions,
-            extra=spark_settings(config),
-        ),
-        "on demand (python -m pipeline rebase)",
+        config, log, session_factory(config), "on demand (python -m pipeline rebase)"
     )
     print(
         f"ok: state generation {generation.number} seeded from the mirrors; the next run "
@@ -127,9 +130,8 @@ def rebase(config: config_module.PipelineConfig) -> int:
 
 
 def run(config: config_module.PipelineConfig) -> int:
-    from pipeline.job import run_pipeline, spark_settings
+    from pipeline.job import run_pipeline
     from pipeline.metrics import PipelineMetrics
-    from pipeline.session import build_session
 
     log = make_logger(sys.stdout, config.log_level).bind(component="pipeline")
     stop, drain = threading.Event(), threading.Event()
@@ -152,12 +154,7 @@ def run(config: config_module.PipelineConfig) -> int:
             config,
             log,
             stop,
-            lambda: build_session(
-                f"spanner-mirrors-{config.job_id}",
-                master=config.master or None,
-                shuffle_partitions=config.shuffle_partitions,
-                extra=spark_settings(config),
-            ),
+            session_factory(config),
             drain,
             metrics,
         )

@@ -1,13 +1,17 @@
 """A table that keeps gaining columns, on the real emulator, with the ingest service and the
 pipeline running continuously: the job never stops at Spark's evolution limit, it rebases, and
-after each step the mirrors equal Spanner at the change log's W."""
+after each step the mirrors equal Spanner at the change log's W. Then the checkpoint is lost and
+``python -m pipeline rebase`` seeds state from the mirrors alone."""
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
 import json
+import shutil
 import signal
+import subprocess
+import sys
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -15,6 +19,7 @@ from typing import Any
 
 import pytest
 from deltalake import DeltaTable
+from google.cloud import spanner
 
 from emulator.verify import changelog_watermark
 from ingest.model.timestamps import to_rfc3339
@@ -94,6 +99,31 @@ def test_forty_new_columns_while_running_rebase_and_never_stop_the_job(
         rebases = pipeline.count("state_rebased")
         assert rebases >= 2, f"{rebases} rebases"
         assert job.poll() is None, "the job never exits"
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=120) == 0
+
+        # The checkpoint is lost: rebase from the mirrors alone, then go on with changes that
+        # carry one column each, so every other value must come from the seed.
+        shutil.rmtree(tmp_path / "checkpoint")
+        rebased = subprocess.run(
+            [sys.executable, "-m", "pipeline", "rebase"],
+            env=pipeline.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert rebased.returncode == 0, rebased.stderr[-3000:]
+        assert rebased.stdout.strip().splitlines()[-1].startswith("ok: state generation 1")
+        job = pipeline.start()
+        with database.batch() as batch:
+            batch.update("wide", ["id", "c10"], [(0, "after the loss")])  # a STRING
+            batch.delete("wide", spanner.KeySet(keys=[[2]]))
+        last_commit = batch.committed
+        landed = _quiesced(changelog, tmp_path, last_commit, ingest, job)
+        _, comparisons = compare_at_watermark(
+            database, str(changelog), str(tmp_path / "mirrors"), tables=["wide"]
+        )
+        assert_mirrors_equal(comparisons, f"after the checkpoint was lost (W {landed})")
         for process in (job, ingest):
             process.send_signal(signal.SIGTERM)
         assert job.wait(timeout=120) == 0 and ingest.wait(timeout=60) == 0
