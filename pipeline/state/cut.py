@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from pipeline.state.registry import filesystem_for
+from pipeline.state.registry import filesystem_for, replace_file
 
 CUT_FILE = "_cut.json"
 END_INDEX = 2**63 - 1
@@ -63,10 +63,7 @@ def batch_end_offset(checkpoint_uri: str, batch_id: int) -> dict[str, object] | 
 def record(mirror_root: str, cut: Cut) -> None:
     filesystem, root = filesystem_for(mirror_root)
     filesystem.create_dir(root, recursive=True)
-    temporary = f"{root.rstrip('/')}/{CUT_FILE}.tmp"
-    with filesystem.open_output_stream(temporary) as stream:
-        stream.write(json.dumps(asdict(cut)).encode())
-    filesystem.move(temporary, f"{root.rstrip('/')}/{CUT_FILE}")
+    replace_file(filesystem, f"{root.rstrip('/')}/{CUT_FILE}", json.dumps(asdict(cut)).encode())
 
 
 def read(mirror_root: str) -> Cut | None:

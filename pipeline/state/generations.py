@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 
 from pyarrow import fs as pafs
 
-from pipeline.state.registry import filesystem_for
+from pipeline.state.checkpoint import committed_batches
+from pipeline.state.registry import filesystem_for, replace_file
 
 POINTER = "_generation.json"
 SPARK_FOLDERS = ("offsets", "commits", "state", "sources", "metadata", "_state_schemas")
@@ -73,10 +74,7 @@ def make_current(checkpoint_uri: str, generation: Generation) -> None:
     disk, a single put on an object store)."""
     filesystem, root = _root(checkpoint_uri)
     document = {k: v for k, v in asdict(generation).items() if k != "uri"}
-    temporary = f"{root}/{POINTER}.tmp"
-    with filesystem.open_output_stream(temporary) as stream:
-        stream.write(json.dumps(document, indent=2).encode())
-    filesystem.move(temporary, f"{root}/{POINTER}")
+    replace_file(filesystem, f"{root}/{POINTER}", json.dumps(document, indent=2).encode())
 
 
 def retire(checkpoint_uri: str, number: int) -> list[str]:
@@ -99,6 +97,4 @@ def retire(checkpoint_uri: str, number: int) -> list[str]:
 
 def has_committed(generation: Generation) -> bool:
     """Whether the generation's query has committed a batch (its seed is in its state)."""
-    filesystem, root = _root(generation.uri)
-    selector = pafs.FileSelector(f"{root}/commits", allow_not_found=True)
-    return any(info.base_name.isdigit() for info in filesystem.get_file_info(selector))
+    return bool(committed_batches(generation.uri))

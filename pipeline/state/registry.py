@@ -34,6 +34,15 @@ def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
     return filesystem, path
 
 
+def replace_file(filesystem: pafs.FileSystem, path: str, content: bytes) -> None:
+    """Write ``path`` whole: a temporary file moved over it (a rename on a local disk, a single
+    put on an object store), so a reader never sees half a file."""
+    temporary = f"{path}.tmp"
+    with filesystem.open_output_stream(temporary) as stream:
+        stream.write(content)
+    filesystem.move(temporary, path)
+
+
 @dataclass(slots=True)
 class SchemaRegistry:
     """``<checkpoint>/_state_schemas/NNNNNN.json``: a file per deployment that changed schemas."""
