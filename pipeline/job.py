@@ -234,6 +234,7 @@ def start_query(
             rows=result.rows,
             newest_commit=result.newest_commit,
             merged_on="driver" if result.merged_on_driver else "spark",
+            bytes=result.bytes,
             seconds=round(seconds, 3),
         )
 

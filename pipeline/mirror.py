@@ -367,6 +367,8 @@ class BatchResult:
     """The newest commit timestamp applied by the batch: how fresh the mirrors are."""
     merged_on_driver: bool = False
     """Merged by delta-rs on the driver (small enough in rows and bytes), else by Spark."""
+    bytes: int = 0
+    """The batch's size as its rows' JSON, measured on the executors: what decided the above."""
 
 
 def write_batch(
@@ -420,7 +422,7 @@ def write_batch(
                 batch_id,
                 log,
             )
-        return BatchResult(counts, newest, small)
+        return BatchResult(counts, newest, small, size)
     finally:
         changes.unpersist()
 
