@@ -58,7 +58,8 @@ from emulator.local_run import (
     visible_at,
 )
 from emulator.processes import Process
-from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.changestream.config import ReaderConfig
+from ingest.changestream.reader import ChangeStreamReader
 from ingest.delta.batcher import Batcher
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.logs import make_logger

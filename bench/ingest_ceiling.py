@@ -35,8 +35,9 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from decode_speed import in_place_of, production_record
 from wide_reader import cpu_seconds, serve
 
+from ingest.changestream.config import ReaderConfig
 from ingest.changestream.query import ChangeStreamQuery, statement
-from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.changestream.reader import ChangeStreamReader
 from ingest.delta.batcher import Batcher
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.logs import make_logger, null_logger

@@ -36,8 +36,9 @@ from emulator.bootstrap import bootstrap
 from emulator.server import emulator
 from emulator.verify import landed_transactions
 from emulator.workload import Workload, WorkloadConfig, run_in_subprocess
+from ingest.changestream.config import ReaderConfig
 from ingest.changestream.query import ChangeStreamQuery, Dialect
-from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.changestream.reader import ChangeStreamReader
 from ingest.delta import changelog
 from ingest.model.logs import make_logger
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339

@@ -65,8 +65,9 @@ def land(port: int, table: str) -> None:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import spanner
 
+    from ingest.changestream.config import ReaderConfig
     from ingest.changestream.query import ChangeStreamQuery, Dialect
-    from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+    from ingest.changestream.reader import ChangeStreamReader
     from ingest.delta.sink import DeltaChangeLogSink
     from ingest.model.logs import make_logger
 

@@ -29,8 +29,9 @@ from google.cloud import spanner
 from emulator.bootstrap import bootstrap
 from emulator.server import emulator
 from emulator.workload import Workload, WorkloadConfig, run_in_subprocess
+from ingest.changestream.config import ReaderConfig
 from ingest.changestream.query import ChangeStreamQuery, Dialect, statement
-from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.changestream.reader import ChangeStreamReader
 from ingest.model.logs import make_logger
 from ingest.model.records import ChangeRecord, DataChangeRecord
 from ingest.model.timestamps import Nanos

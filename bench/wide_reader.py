@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.pop("SPANNER_EMULATOR_HOST", None)
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.changestream.config import ReaderConfig
+from ingest.changestream.reader import ChangeStreamReader
 from ingest.model.logs import null_logger
 from ingest.model.records import ChangeRecord
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos

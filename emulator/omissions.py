@@ -22,8 +22,8 @@ from typing import Any
 
 from google.cloud.spanner_v1.database import Database
 
+from ingest.changestream.config import ReaderConfig
 from ingest.changestream.query import ChangeStreamQuery, Dialect
-from ingest.changestream.reader import ReaderConfig
 from ingest.model.logs import make_logger
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
 from ingest.service.audit import stream_digests

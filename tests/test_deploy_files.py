@@ -182,7 +182,8 @@ def exported_metric_names() -> set[str]:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+    from ingest.changestream.config import ReaderConfig
+    from ingest.changestream.reader import ChangeStreamReader
     from ingest.model.logs import null_logger
     from ingest.model.snapshot import SnapshotProgress
     from ingest.service.metrics import IngestMetrics

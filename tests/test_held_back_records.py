@@ -18,7 +18,8 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.changestream.config import ReaderConfig
+from ingest.changestream.reader import ChangeStreamReader
 from ingest.changestream.retries import RetryPolicy
 from ingest.model.logs import null_logger
 from ingest.model.records import Transaction

@@ -11,13 +11,8 @@ from typing import Any
 import pytest
 from google.api_core import exceptions as api_exceptions
 
-from ingest.changestream.reader import (
-    EVENT_QUEUE_SIZE,
-    ChangeStreamReader,
-    PartitionQueryFailed,
-    ReaderConfig,
-    Release,
-)
+from ingest.changestream.config import ReaderConfig
+from ingest.changestream.reader import EVENT_QUEUE_SIZE, ChangeStreamReader, PartitionQueryFailed
 from ingest.changestream.retries import RetryPolicy
 from ingest.model.logs import null_logger
 from ingest.model.records import (
@@ -30,6 +25,7 @@ from ingest.model.records import (
 )
 from ingest.model.timestamps import Nanos, to_rfc3339
 from ingest.rules.partitions import INITIAL_PARTITION
+from ingest.rules.resume import Release
 from tests.builders import captured_logger
 from tests.builders import record as data_record
 from tests.simulation import Topology, build_topology, records_from
@@ -306,7 +302,7 @@ def test_a_silent_partition_is_reported_stuck_and_restarted_and_nothing_is_lost(
     assert stuck and {e["partition_token"] for e in stuck} == {"stalling"}
     assert stuck[0]["restarts_without_progress"] == 1
     assert stuck[0]["resume_timestamp"] == to_rfc3339(1010 + 4 * 10)
-    assert reader.stuck_restarts == 0
+    assert reader.watchdog.most_restarts_in_a_row == 0
 
 
 def test_restarts_that_do_not_help_are_counted_for_readiness() -> None:
@@ -317,7 +313,11 @@ def test_restarts_that_do_not_help_are_counted_for_readiness() -> None:
     worker.start()
     deadline = time.monotonic() + 30
     try:
-        while reader.stuck_restarts < 3 and time.monotonic() < deadline and worker.is_alive():
+        while (
+            reader.watchdog.most_restarts_in_a_row < 3
+            and time.monotonic() < deadline
+            and worker.is_alive()
+        ):
             time.sleep(0.01)
     finally:
         stop.set()

@@ -13,8 +13,9 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from ingest.changestream.config import ReaderConfig
 from ingest.changestream.query import ChangeStreamQuery
-from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.changestream.reader import ChangeStreamReader
 from ingest.changestream.retries import RetryPolicy
 from ingest.model.records import (
     ChangeRecord,

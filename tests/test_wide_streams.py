@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.changestream.config import ReaderConfig
+from ingest.changestream.reader import ChangeStreamReader
 from ingest.changestream.retries import RetryPolicy
 from ingest.model.logs import null_logger
 from ingest.model.records import Transaction
@@ -124,7 +125,7 @@ def test_two_thousand_partitions_split_and_merge_and_lose_nothing(
         # the stopped reader's turns end at their next record (a heartbeat: 1 s); only those
         # abandoned to a silent stream by the watchdog may outlive it, until their window ends
         deadline = time.monotonic() + 15
-        while turn_threads() > readers[0].stuck_restarts_total and time.monotonic() < deadline:
+        while turn_threads() > readers[0].watchdog.restarts_total and time.monotonic() < deadline:
             time.sleep(0.05)
         readers.append(reader(checkpoint))
         second, _ = run_until(readers[1], None)
@@ -146,7 +147,7 @@ def test_two_thousand_partitions_split_and_merge_and_lose_nothing(
     assert len(servicer.queries) > 2 * PARTITIONS, "partitions took more than one turn each"
     # the turns, the queries the watchdog abandoned (they end with their window), and a turn
     # that had handed its partition back and was exiting as the next one started
-    abandoned = sum(r.stuck_restarts_total for r in readers)
+    abandoned = sum(r.watchdog.restarts_total for r in readers)
     assert sampler.most_turn_threads <= TURNS + abandoned + 2, (sampler, abandoned)
     # the coordinator, the turns, the scripted server's workers, the client's and the sampler
     assert sampler.most_threads <= threads_before + TURNS + abandoned + 4 * TURNS + 16

@@ -22,8 +22,9 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from structlog.typing import FilteringBoundLogger as Logger
 
+from ingest.changestream.config import ReaderConfig
 from ingest.changestream.query import ChangeStreamQuery
-from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.changestream.reader import ChangeStreamReader
 from ingest.delta.changelog import (
     SCHEMA_ROW,
     SNAPSHOT_DELETE,

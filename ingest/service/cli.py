@@ -27,7 +27,8 @@ from google.api_core import exceptions as api_exceptions
 from google.cloud import spanner
 
 from ingest.changestream import query
-from ingest.changestream.reader import ChangeStreamReader, PartitionQueryFailed, ReaderConfig
+from ingest.changestream.config import ReaderConfig
+from ingest.changestream.reader import ChangeStreamReader, PartitionQueryFailed
 from ingest.delta.sink import WriterFenced
 from ingest.model.encoding import canonical_json, transaction_to_dict
 from ingest.model.logs import make_logger

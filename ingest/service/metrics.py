@@ -70,9 +70,9 @@ class _ScrapeCollector(Collector):
                 "ingest_partitions", "Live change stream partitions", labels=["state"]
             )
             partitions.add_metric(["live"], reader.tracker.live_count)
-            partitions.add_metric(["in_turn"], reader.partitions_in_turn)
-            partitions.add_metric(["waiting_for_turn"], reader.partitions_waiting_for_turn)
-            partitions.add_metric(["stuck"], reader.stuck_partitions)
+            partitions.add_metric(["in_turn"], reader.turns.in_turn)
+            partitions.add_metric(["waiting_for_turn"], reader.turns.waiting)
+            partitions.add_metric(["stuck"], reader.watchdog.stuck_partitions)
             yield partitions
             retries = CounterMetricFamily(
                 "ingest_partition_query_retries",
@@ -85,7 +85,7 @@ class _ScrapeCollector(Collector):
             yield _counter(
                 "ingest_stuck_partition_restarts",
                 "Stuck partitions queried again",
-                reader.stuck_restarts_total,
+                reader.watchdog.restarts_total,
             )
         progress = sources.snapshot()
         if progress is not None:

@@ -22,7 +22,8 @@ from google.cloud import spanner
 from google.cloud.spanner_v1.database import Database
 
 from ingest.changestream import query
-from ingest.changestream.reader import ChangeStreamReader, ReaderConfig
+from ingest.changestream.config import ReaderConfig
+from ingest.changestream.reader import ChangeStreamReader
 from ingest.changestream.watched_columns import read_watched_columns
 from ingest.delta.absent_keys import absent_keys, deleted_after, keys_of_earlier_jobs
 from ingest.delta.batcher import Batcher
@@ -243,7 +244,7 @@ def _stream(
     if health is not None:
         health.committer = batcher
         health.snapshot_requests = table_snapshots.request
-        health.stuck_restarts = lambda: reader.stuck_restarts
+        health.stuck_restarts = lambda: reader.watchdog.most_restarts_in_a_row
 
     def tick() -> None:
         if health is not None:
