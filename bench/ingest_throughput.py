@@ -39,6 +39,7 @@ from emulator.workload import Workload, WorkloadConfig, run_in_subprocess
 from ingest.changestream.config import ReaderConfig
 from ingest.changestream.query import ChangeStreamQuery, Dialect
 from ingest.changestream.reader import ChangeStreamReader
+from ingest.contract.changelog import PARTITION_COLUMNS
 from ingest.delta import changelog
 from ingest.model.logs import make_logger
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
@@ -117,7 +118,7 @@ def throughput(database, backlog: int) -> None:
             str(bare),
             changelog.to_arrow(chunk),
             mode="append",
-            partition_by=changelog.PARTITION_COLUMNS,
+            partition_by=PARTITION_COLUMNS,
         )
     bare_seconds = time.perf_counter() - began
 

@@ -36,9 +36,8 @@ from pipeline_throughput import one_record_transaction
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.logs import null_logger
 from ingest.model.records import Mod
+from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.timestamps import parse_rfc3339
-from ingest.rules.partitions import ResumablePartitions
-from ingest.rules.resume import ResumePoint
 from pipeline.config import PipelineConfig
 from pipeline.job import JobStats, plan_deployment, spark_settings, start_query
 from pipeline.metrics import PipelineMetrics

@@ -34,8 +34,8 @@ from ingest.changestream.query import ChangeStreamQuery, Dialect, statement
 from ingest.changestream.reader import ChangeStreamReader
 from ingest.model.logs import make_logger
 from ingest.model.records import ChangeRecord, DataChangeRecord
+from ingest.model.resume import Release
 from ingest.model.timestamps import Nanos
-from ingest.rules.resume import Release
 
 
 class RecordingSource:

@@ -21,7 +21,7 @@ from deltalake.exceptions import TableNotFoundError
 from google.cloud.spanner_v1.database import Database
 from google.protobuf import timestamp_pb2
 
-from ingest.delta.changelog import Checkpoint, newest_checkpoint
+from ingest.contract.changelog import Checkpoint, newest_checkpoint
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos
 from ingest.model.values import float32
 from pipeline.catalog import scan

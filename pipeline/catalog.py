@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from ingest.delta.changelog import CHECKPOINT_KEY, SCHEMA_ROW, from_json
+from ingest.contract.changelog import CHECKPOINT_KEY, SCHEMA_ROW, from_json
 from ingest.model.timestamps import parse_rfc3339
 from pipeline.types import (
     EVERY_COLUMN_CAPTURES,

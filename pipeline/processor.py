@@ -21,7 +21,7 @@ from pyspark.sql import Row
 from pyspark.sql import types as T
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
-from ingest.delta.changelog import DELETES, SNAPSHOT_DELETE, SNAPSHOT_ROW
+from ingest.contract.changelog import DELETES, SNAPSHOT_DELETE, SNAPSHOT_ROW, parse_column_types
 from ingest.model.records import ColumnType, sequence_key
 from pipeline.state.variables import (
     CHANGE_STATS,
@@ -36,7 +36,6 @@ from pipeline.types import (
     TableShape,
     lists_every_column,
     mirror_value,
-    parse_column_types,
     spark_value,
     state_from_seed,
     state_value,

@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 from deltalake import DeltaTable
 
-from ingest.delta.changelog import newest_checkpoint
+from ingest.contract.changelog import newest_checkpoint
 from ingest.model.timestamps import to_rfc3339
 from pipeline.config import PipelineConfig
 from pipeline.state import cut, generations

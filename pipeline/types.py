@@ -17,7 +17,7 @@ from typing import Any
 
 from pyspark.sql import types as T
 
-from ingest.delta.changelog import SCHEMA_ROW
+from ingest.contract.changelog import SCHEMA_ROW, parse_column_types
 from ingest.model.encoding import canonical_json
 from ingest.model.records import ColumnType
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
@@ -235,19 +235,6 @@ def lists_every_column(value_capture_type: str | None, mod_type: str | None) -> 
     if mod_type == SCHEMA_ROW:
         return True
     return value_capture_type in EVERY_COLUMN_CAPTURES and mod_type != "DELETE"
-
-
-def parse_column_types(column_types_json: str) -> list[ColumnType]:
-    """The change log's ``column_types`` text (ingest.delta.changelog) as record types."""
-    return [
-        ColumnType(
-            name=c["name"],
-            type=c["type"],
-            is_primary_key=bool(c["is_primary_key"]),
-            ordinal_position=int(c["ordinal_position"]),
-        )
-        for c in json.loads(column_types_json)
-    ]
 
 
 @dataclass(frozen=True, slots=True)

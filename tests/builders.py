@@ -14,9 +14,8 @@ from structlog.testing import LogCapture
 
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import ColumnType, DataChangeRecord, Mod, Transaction
+from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.timestamps import parse_rfc3339
-from ingest.rules.partitions import ResumablePartitions
-from ingest.rules.resume import ResumePoint
 
 START = parse_rfc3339("2026-11-22T10:00:00.000000001Z")
 ACCOUNTS = (

@@ -12,7 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from emulator.workload import CommittedTransaction
-from ingest.delta.changelog import CHECKPOINT_KEY, SCHEMA_ROW, SNAPSHOT_ROW, Checkpoint, from_json
+from ingest.contract.changelog import (
+    CHECKPOINT_KEY,
+    SCHEMA_ROW,
+    SNAPSHOT_ROW,
+    Checkpoint,
+    from_json,
+)
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from pipeline.catalog import scan
 

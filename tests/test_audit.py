@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from ingest.delta.changelog import PARTITION_COLUMNS
+from ingest.contract.changelog import PARTITION_COLUMNS
 from ingest.model.timestamps import to_rfc3339
 from ingest.service.audit import Difference, Digests, compare
 from tests.builders import ChangeLog

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ingest.model.records import ChangeRecord, Transaction
+from ingest.model.resume import ResumePoint
 from ingest.rules.coordinator import Coordinator
 from ingest.rules.partitions import INITIAL_PARTITION
-from ingest.rules.resume import ResumePoint
 from tests.simulation import Topology, build_topology, mutable_key_range_streams, records_from
 
 

@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from emulator.verify import latest_checkpoint
-from ingest.delta.changelog import SCHEMA_ROW
+from ingest.contract.changelog import SCHEMA_ROW
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from tests.delta_checks import assert_change_log_invariants
 from tests.processes import (

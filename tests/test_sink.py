@@ -10,9 +10,8 @@ from deltalake import DeltaTable
 
 from ingest.delta.sink import DeltaChangeLogSink, Maintenance, WriterFenced
 from ingest.model.records import Mod, Transaction
+from ingest.model.resume import ResumablePartition, ResumablePartitions, ResumePoint
 from ingest.model.timestamps import parse_rfc3339
-from ingest.rules.partitions import ResumablePartition, ResumablePartitions
-from ingest.rules.resume import ResumePoint
 from tests.builders import record
 from tests.delta_checks import read_versions
 from tests.simulation import build_topology

@@ -24,7 +24,7 @@ from google.protobuf import timestamp_pb2
 
 from emulator.verify import latest_checkpoint
 from emulator.workload import CommittedTransaction, load_existing_rows
-from ingest.delta.changelog import SNAPSHOT_ROW
+from ingest.contract.changelog import SNAPSHOT_ROW
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.encoding import canonical_json
 from ingest.model.records import ColumnType

@@ -13,11 +13,11 @@ import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.delta.changelog import Checkpoint, from_json, to_json
+from ingest.contract.changelog import Checkpoint, from_json, to_json
 from ingest.model.records import ColumnType
+from ingest.model.resume import start_point
 from ingest.model.snapshot import Key, SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339
-from ingest.rules.resume import start_point
 from ingest.service.snapshot import (
     Retention,
     SnapshotOutOfReach,

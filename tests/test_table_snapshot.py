@@ -21,8 +21,8 @@ from google.cloud import spanner
 from emulator.server import free_port
 from emulator.verify import consistent_past
 from emulator.workload import load_existing_rows
+from ingest.contract.changelog import SNAPSHOT_DELETE, SNAPSHOT_ROW
 from ingest.delta.absent_keys import absent_keys
-from ingest.delta.changelog import SNAPSHOT_DELETE, SNAPSHOT_ROW
 from ingest.model.encoding import canonical_json
 from ingest.model.timestamps import parse_rfc3339
 from tests.checks import apply_ddl, compare_at_watermark

@@ -18,15 +18,14 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ingest.contract.changelog import SNAPSHOT_DELETE, SNAPSHOT_ROW
 from ingest.delta.absent_keys import absent_keys, deleted_after, keys_of_earlier_jobs
-from ingest.delta.changelog import SNAPSHOT_DELETE, SNAPSHOT_ROW
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.encoding import canonical_json
 from ingest.model.records import sequence_key
+from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.snapshot import Key, SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
-from ingest.rules.partitions import ResumablePartitions
-from ingest.rules.resume import ResumePoint
 from ingest.service.snapshot import SnapshotSettings, run_snapshot
 from ingest.service.table_snapshot import TableSnapshots
 from tests.builders import ACCOUNTS, ChangeLog, captured_logger

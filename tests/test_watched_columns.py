@@ -17,9 +17,8 @@ from ingest.changestream.query import Dialect
 from ingest.changestream.watched_columns import column_type, read_watched_columns
 from ingest.delta.batcher import STALE_READ_LIMIT_NANOS, Batcher
 from ingest.model.records import ColumnType, WatchedColumns
+from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339
-from ingest.rules.partitions import ResumablePartitions
-from ingest.rules.resume import ResumePoint
 from tests.checks import start_after_setup
 from tests.processes import tail_argv
 

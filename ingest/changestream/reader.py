@@ -29,9 +29,9 @@ from ingest.changestream.worker import (
     TurnEnded,
     Workers,
 )
+from ingest.model.resume import Release, ResumePoint
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 from ingest.rules.coordinator import Coordinator
-from ingest.rules.resume import Release, ResumePoint
 from ingest.rules.turns import Turns
 from ingest.rules.watchdog import Watchdog
 

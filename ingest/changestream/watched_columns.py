@@ -3,7 +3,7 @@
 A data change record of a NEW_VALUES or OLD_AND_NEW_VALUES stream lists only the keys and the
 changed columns, and a table that is not written again sends none at all, so records alone cannot
 show that a column was dropped (or is no longer watched). The sink lands what this reads as schema
-rows of the change log (``ingest.delta.changelog``) whenever it changes.
+rows of the change log (``ingest.contract.changelog``) whenever it changes.
 """
 
 from __future__ import annotations

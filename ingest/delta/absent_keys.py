@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from ingest.delta.changelog import DELETE, DELETES, SCHEMA_ROW, SNAPSHOT_ROW
+from ingest.contract.changelog import DELETE, DELETES, SCHEMA_ROW, SNAPSHOT_ROW
 from ingest.model.timestamps import Nanos, to_rfc3339
 
 _COLUMNS = [

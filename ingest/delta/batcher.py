@@ -12,9 +12,9 @@ import structlog
 
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import Transaction, WatchedColumns
+from ingest.model.resume import Release, ResumePoint
 from ingest.model.snapshot import SnapshotChunk
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
-from ingest.rules.resume import Release, ResumePoint
 
 Logger = structlog.typing.FilteringBoundLogger
 

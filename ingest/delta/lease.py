@@ -8,7 +8,7 @@ import time
 
 import structlog
 
-from ingest.delta.changelog import Checkpoint
+from ingest.contract.changelog import Checkpoint
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos
 

@@ -23,14 +23,20 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
+from ingest.contract.changelog import (
+    CHECKPOINT_KEY,
+    PARTITION_COLUMNS,
+    Checkpoint,
+    from_json,
+    to_json,
+)
 from ingest.delta import changelog
-from ingest.delta.changelog import CHECKPOINT_KEY, Checkpoint, from_json, to_json
 from ingest.model.logs import null_logger
 from ingest.model.records import ColumnType
 from ingest.model.records import Transaction as SpannerTransaction
+from ingest.model.resume import ResumePoint, start_point
 from ingest.model.snapshot import SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import Nanos
-from ingest.rules.resume import ResumePoint, start_point
 
 TABLE_CONFIGURATION = {"delta.appendOnly": "true"}
 
@@ -236,7 +242,7 @@ class DeltaChangeLogSink:
             table if table is not None else self._uri,
             rows,
             mode="append",
-            partition_by=changelog.PARTITION_COLUMNS,
+            partition_by=PARTITION_COLUMNS,
             configuration=TABLE_CONFIGURATION if table is None else None,
             storage_options=self._storage_options if table is None else None,
             commit_properties=CommitProperties(

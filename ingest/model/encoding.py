@@ -9,12 +9,31 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ingest.model.records import DataChangeRecord, Transaction
+from ingest.model.records import ColumnType, DataChangeRecord, Transaction
 from ingest.model.timestamps import to_rfc3339
 
 
 def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def column_type_to_dict(column: ColumnType) -> dict[str, Any]:
+    """A column's type as Spanner's change records spell it (``column_types`` entries)."""
+    return {
+        "name": column.name,
+        "type": column.type,
+        "is_primary_key": column.is_primary_key,
+        "ordinal_position": column.ordinal_position,
+    }
+
+
+def column_type_from_dict(data: dict[str, Any]) -> ColumnType:
+    return ColumnType(
+        name=data["name"],
+        type=data["type"],
+        is_primary_key=bool(data["is_primary_key"]),
+        ordinal_position=int(data["ordinal_position"]),
+    )
 
 
 def record_to_dict(record: DataChangeRecord) -> dict[str, Any]:
@@ -26,15 +45,7 @@ def record_to_dict(record: DataChangeRecord) -> dict[str, Any]:
         "is_last_record_in_transaction_in_partition": (
             record.is_last_record_in_transaction_in_partition
         ),
-        "column_types": [
-            {
-                "name": column.name,
-                "type": column.type,
-                "is_primary_key": column.is_primary_key,
-                "ordinal_position": column.ordinal_position,
-            }
-            for column in record.column_types
-        ],
+        "column_types": [column_type_to_dict(column) for column in record.column_types],
         "mods": [
             {"keys": mod.keys, "new_values": mod.new_values, "old_values": mod.old_values}
             for mod in record.mods

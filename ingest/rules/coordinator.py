@@ -7,10 +7,10 @@ from __future__ import annotations
 import structlog
 
 from ingest.model.records import ChangeRecord, DataChangeRecord
+from ingest.model.resume import Release, ResumePoint
 from ingest.model.timestamps import Nanos
 from ingest.rules.assembler import TransactionAssembler
 from ingest.rules.partitions import PartitionTracker
-from ingest.rules.resume import Release, ResumePoint
 
 
 class Coordinator:

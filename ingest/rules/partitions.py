@@ -21,6 +21,7 @@ from ingest.model.records import (
     PartitionStartRecord,
     record_timestamp,
 )
+from ingest.model.resume import ResumablePartition, ResumablePartitions
 from ingest.model.timestamps import Nanos, to_rfc3339
 
 INITIAL_PARTITION = ""
@@ -32,27 +33,6 @@ class PartitionState(enum.Enum):
     SCHEDULED = "SCHEDULED"
     RUNNING = "RUNNING"
     FINISHED = "FINISHED"
-
-
-@dataclass(frozen=True, slots=True)
-class ResumablePartition:
-    """What resumes a partition after a restart: it is queried again from max(start, W + 1)."""
-
-    token: str
-    start_timestamp: Nanos
-    parent_tokens: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ResumablePartitions:
-    """Partitions to query again, and the finished parents they still wait for.
-
-    A parent that is neither here nor finished has not been discovered yet (its own parent is
-    still running): its children must keep waiting for it.
-    """
-
-    partitions: tuple[ResumablePartition, ...]
-    finished_parents: tuple[str, ...]
 
 
 class PartitionLifecycleError(RuntimeError):

@@ -25,17 +25,17 @@ from structlog.typing import FilteringBoundLogger as Logger
 from ingest.changestream.config import ReaderConfig
 from ingest.changestream.query import ChangeStreamQuery
 from ingest.changestream.reader import ChangeStreamReader
-from ingest.delta.changelog import (
+from ingest.contract.changelog import (
     SCHEMA_ROW,
     SNAPSHOT_DELETE,
     SNAPSHOT_ROW,
     UTC_MICROS,
     newest_checkpoint,
-    to_arrow,
 )
+from ingest.delta.changelog import to_arrow
 from ingest.model.encoding import canonical_json
+from ingest.model.resume import Release
 from ingest.model.timestamps import Nanos, to_rfc3339
-from ingest.rules.resume import Release
 
 COMPARED = (
     "commit_timestamp_text",

@@ -32,9 +32,9 @@ from ingest.changestream.reader import ChangeStreamReader, PartitionQueryFailed
 from ingest.delta.sink import WriterFenced
 from ingest.model.encoding import canonical_json, transaction_to_dict
 from ingest.model.logs import make_logger
+from ingest.model.resume import Release
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
 from ingest.rules.assembler import IncompleteTransactionError, InconsistentTransactionError
-from ingest.rules.resume import Release
 from ingest.service import config as config_module
 from ingest.service.audit import AuditWindowError, audit, newest_watermark
 from ingest.service.run import run_service

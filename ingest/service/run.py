@@ -25,14 +25,14 @@ from ingest.changestream import query
 from ingest.changestream.config import ReaderConfig
 from ingest.changestream.reader import ChangeStreamReader
 from ingest.changestream.watched_columns import read_watched_columns
+from ingest.contract.changelog import Checkpoint
 from ingest.delta.absent_keys import absent_keys, deleted_after, keys_of_earlier_jobs
 from ingest.delta.batcher import Batcher
-from ingest.delta.changelog import Checkpoint
 from ingest.delta.lease import start_moved, wait_for_lease
 from ingest.delta.sink import DeltaChangeLogSink
+from ingest.model.resume import ResumePoint, start_point
 from ingest.model.snapshot import SnapshotMode, SnapshotProgress
 from ingest.model.timestamps import to_rfc3339
-from ingest.rules.resume import ResumePoint, start_point
 from ingest.service.config import ServiceConfig
 from ingest.service.health import Commits, HealthServer, token_file
 from ingest.service.metrics import IngestMetrics

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 import structlog
 
-from ingest.delta.changelog import DELETE
+from ingest.contract.changelog import DELETE
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.encoding import canonical_json
 from ingest.model.records import Transaction, WatchedColumns

@@ -1,4 +1,5 @@
-"""Where a job resumes, and what the reader hands the sink at each low watermark."""
+"""Where a job resumes, and what a reader hands the sink at each low watermark: plain values
+that the reader's rules produce, the sink lands and the change log's checkpoint records."""
 
 from __future__ import annotations
 
@@ -6,7 +7,27 @@ from dataclasses import dataclass
 
 from ingest.model.records import Transaction
 from ingest.model.timestamps import Nanos
-from ingest.rules.partitions import ResumablePartitions
+
+
+@dataclass(frozen=True, slots=True)
+class ResumablePartition:
+    """What resumes a partition after a restart: it is queried again from max(start, W + 1)."""
+
+    token: str
+    start_timestamp: Nanos
+    parent_tokens: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ResumablePartitions:
+    """Partitions to query again, and the finished parents they still wait for.
+
+    A parent that is neither here nor finished has not been discovered yet (its own parent is
+    still running): its children must keep waiting for it.
+    """
+
+    partitions: tuple[ResumablePartition, ...]
+    finished_parents: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,3 @@
+"""What the ingest service and the pipeline agree on: the change log.
+
+Imports only ``ingest.model``."""
