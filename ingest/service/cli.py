@@ -24,10 +24,15 @@ from pathlib import Path
 from typing import NoReturn, TextIO
 
 from google.api_core import exceptions as api_exceptions
-from google.cloud import spanner
 
 from ingest.changestream import query
-from ingest.changestream.config import ReaderConfig
+from ingest.changestream.config import (
+    SETTLE_MARGIN_S,
+    STUCK_AFTER_HEARTBEATS,
+    ReaderConfig,
+    reader_config,
+)
+from ingest.changestream.opening import StreamAddress, open_stream
 from ingest.changestream.reader import ChangeStreamReader, PartitionQueryFailed
 from ingest.delta.sink import WriterFenced
 from ingest.model.encoding import canonical_json, transaction_to_dict
@@ -150,6 +155,9 @@ def _stream_arguments(command: argparse.ArgumentParser, start_default: str | Non
     command.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
+    command.set_defaults(
+        settle_margin_s=SETTLE_MARGIN_S, stuck_after_heartbeats=STUCK_AFTER_HEARTBEATS
+    )
 
 
 @dataclass(frozen=True)
@@ -162,7 +170,6 @@ def prepare_tail(args: argparse.Namespace) -> TailRequest:
     """Validate everything that can be validated before the first partition query."""
     query.validate_heartbeat(args.heartbeat_ms)
     query.validate_query_window(args.query_window_s, args.heartbeat_ms)
-    query.validate_stream_name(args.stream)
     if args.max_concurrent_partitions < 1:
         raise UsageError("--max-concurrent-partitions must be at least 1")
     if args.memory_budget_mb < 1:
@@ -172,27 +179,14 @@ def prepare_tail(args: argparse.Namespace) -> TailRequest:
             f"end timestamp {to_rfc3339(args.end_timestamp)} is before the start timestamp "
             f"{to_rfc3339(args.start_timestamp)}"
         )
-    client = spanner.Client(project=args.project)
-    database = client.instance(args.instance).database(args.database)
-    dialect = (
-        query.detect_dialect(database) if args.dialect == "auto" else query.Dialect(args.dialect)
+    opened = open_stream(
+        StreamAddress(
+            args.project, args.instance, args.database, args.stream, args.dialect, args.heartbeat_ms
+        )
     )
-    info = query.describe_stream(database, args.stream)
-    query.validate_start(args.start_timestamp, time.time_ns(), info)
-    config = ReaderConfig(
-        start_timestamp=args.start_timestamp,
-        end_timestamp=args.end_timestamp,
-        heartbeat_ms=args.heartbeat_ms,
-        max_concurrent_partitions=args.max_concurrent_partitions,
-        memory_budget_bytes=args.memory_budget_mb * 1024 * 1024,
-        stats_interval_s=args.stats_interval_s,
-        query_window_s=args.query_window_s,
-    )
+    query.validate_start(args.start_timestamp, time.time_ns(), opened.info)
     return TailRequest(
-        query.ChangeStreamQuery(
-            database, args.stream, dialect, args.heartbeat_ms, info.mutable_key_range
-        ),
-        config,
+        opened.query(), reader_config(args, args.start_timestamp, args.end_timestamp)
     )
 
 

@@ -18,11 +18,11 @@ import uuid
 
 import structlog
 from deltalake import DeltaTable
-from google.cloud import spanner
 from google.cloud.spanner_v1.database import Database
 
 from ingest.changestream import query
-from ingest.changestream.config import ReaderConfig
+from ingest.changestream.config import reader_config
+from ingest.changestream.opening import OpenedStream, StreamAddress, open_stream
 from ingest.changestream.reader import ChangeStreamReader
 from ingest.changestream.watched_columns import read_watched_columns
 from ingest.contract.changelog import Checkpoint
@@ -54,15 +54,17 @@ Logger = structlog.typing.FilteringBoundLogger
 def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> int:
     owner = uuid.uuid4().hex
     log = log.bind(job_id=config.effective_job_id, owner=owner)
-    database = (
-        spanner.Client(project=config.project).instance(config.instance).database(config.database)
+    opened = open_stream(
+        StreamAddress(
+            config.project,
+            config.instance,
+            config.database,
+            config.stream,
+            config.dialect,
+            config.heartbeat_ms,
+        )
     )
-    dialect = (
-        query.detect_dialect(database)
-        if config.dialect == "auto"
-        else query.Dialect(config.dialect)
-    )
-    info = query.describe_stream(database, config.stream)
+    database, dialect, info = opened.database, opened.dialect, opened.info
     sink = DeltaChangeLogSink(config.table_uri, config.effective_job_id, owner, log=log)
     checkpoint = wait_for_lease(sink, owner, config.lease_s, log, stop)
     if stop.is_set():
@@ -73,9 +75,7 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
     snapshot: SnapshotProgress | None
     if checkpoint is None:
         start = query.validate_start(config.start_timestamp or now, now, info)
-        query.ChangeStreamQuery(
-            database, config.stream, dialect, config.heartbeat_ms, info.mutable_key_range
-        ).check_readable_from(start)
+        opened.query().check_readable_from(start)
         resume = start_point(start)
         snapshot = None
         if mode is not SnapshotMode.NEVER:
@@ -145,10 +145,8 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
             )
             return _release_lease(sink, log)
         _stream(
-            database,
+            opened,
             config,
-            dialect,
-            info,
             sink,
             checkpoint,
             snapshot,
@@ -174,10 +172,8 @@ def _release_lease(sink: DeltaChangeLogSink, log: Logger) -> int:
 
 
 def _stream(
-    database: Database,
+    opened: OpenedStream,
     config: ServiceConfig,
-    dialect: query.Dialect,
-    info: query.ChangeStreamInfo,
     sink: DeltaChangeLogSink,
     checkpoint: Checkpoint | None,
     snapshot: SnapshotProgress | None,
@@ -188,6 +184,7 @@ def _stream(
     metrics: IngestMetrics,
 ) -> None:
     """Read the change stream from the resume point until stopped."""
+    database, dialect, info = opened.database, opened.dialect, opened.info
     start = query.validate_start(resume.low_watermark + 1, time.time_ns(), info)
     log.info(
         "ingest_started",
@@ -197,21 +194,7 @@ def _stream(
         start_timestamp=to_rfc3339(start),
     )
     reader = ChangeStreamReader(
-        query.ChangeStreamQuery(
-            database, config.stream, dialect, config.heartbeat_ms, info.mutable_key_range
-        ),
-        ReaderConfig(
-            start_timestamp=start,
-            heartbeat_ms=config.heartbeat_ms,
-            max_concurrent_partitions=config.max_concurrent_partitions,
-            memory_budget_bytes=config.memory_budget_mb * 1024 * 1024,
-            stats_interval_s=config.stats_interval_s,
-            query_window_s=config.query_window_s,
-            settle_margin_s=config.settle_margin_s,
-            stuck_after_heartbeats=config.stuck_after_heartbeats,
-        ),
-        log,
-        resume_from=resume,
+        opened.query(), reader_config(config, start), log, resume_from=resume
     )
     watched_columns = functools.partial(read_watched_columns, database, config.stream, dialect)
     table_snapshots = TableSnapshots(
