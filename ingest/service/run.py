@@ -15,6 +15,7 @@ import functools
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import structlog
 from deltalake import DeltaTable
@@ -52,6 +53,18 @@ Logger = structlog.typing.FilteringBoundLogger
 
 
 def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> int:
+    """The service's life, in order:
+
+    1. open the Spanner side: database, dialect, the stream's description;
+    2. wait as a standby while another process holds the job's writer lease, then continue
+       after the newest checkpoint;
+    3. a new job records where it starts (and its snapshot's T0 and tables); a resumed one
+       keeps what its first commit recorded;
+    4. serve health and metrics;
+    5. finish the snapshot, if one is unfinished (``initial_only`` stops after it);
+    6. read the stream from the resume point until stopped;
+    7. hand the lease over with a last commit.
+    """
     owner = uuid.uuid4().hex
     log = log.bind(job_id=config.effective_job_id, owner=owner)
     opened = open_stream(
@@ -64,102 +77,97 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
             config.heartbeat_ms,
         )
     )
-    database, dialect, info = opened.database, opened.dialect, opened.info
     sink = DeltaChangeLogSink(config.table_uri, config.effective_job_id, owner, log=log)
     checkpoint = wait_for_lease(sink, owner, config.lease_s, log, stop)
     if stop.is_set():
         return 0
     sink.continue_after(checkpoint)
-    now = time.time_ns()
-    mode = SnapshotMode(config.snapshot_mode)
-    snapshot: SnapshotProgress | None
     if checkpoint is None:
-        start = query.validate_start(config.start_timestamp or now, now, info)
-        opened.query().check_readable_from(start)
-        resume = start_point(start)
-        snapshot = None
-        if mode is not SnapshotMode.NEVER:
-            read_at = resume.low_watermark
-            check_reachable(read_at, now, query.version_retention(database))
-            tables = read_watched_columns(database, config.stream, dialect, read_at)
-            snapshot = SnapshotProgress.begin(read_at, list(tables))
-            expected = _expected_rows(database, config, dialect, snapshot)
-            if expected is not None:
-                end = check_fits_retention(
-                    read_at, expected, config.snapshot_rows_per_s, _retention(database, info)
-                )
-                log.info("snapshot_estimated", rows=expected, expected_end=to_rfc3339(end))
-        sink.start_job(start, snapshot)
-        log.info(
-            "job_started",
-            job_start=to_rfc3339(start),
-            snapshot_read_timestamp=to_rfc3339(snapshot.read_timestamp) if snapshot else None,
-        )
+        resume, snapshot = _start_job(opened, config, sink, log)
     else:
-        snapshot = checkpoint.snapshot
-        if start_moved(config.start_timestamp, checkpoint):
-            log.warning(
-                "configured_start_ignored",
-                configured_start=to_rfc3339(config.start_timestamp or 0),
-                job_start=to_rfc3339(checkpoint.job_start or 0),
-                note="a job's start never moves; start a new job to read from another point",
-            )
-        resume = checkpoint.resume_point
-    snapshot_commits = Commits()
+        resume, snapshot = _resume_job(config, checkpoint, log)
     metrics = IngestMetrics()
     metrics.sources.landed_watermark = resume.low_watermark
     metrics.sources.snapshot = lambda: sink.table_snapshot or sink.snapshot
-    health = (
-        HealthServer(
-            config.health_port,
-            config.readiness_s,
-            snapshot_commits,
-            config.max_stuck_restarts,
-            token_file(config.control_token_file),
-        )
-        if config.health_port
-        else None
-    )
-    if health is not None:
-        health.metrics = metrics.render
+    snapshot_commits = Commits()
+    health = _health_server(config, snapshot_commits, metrics)
     try:
         if snapshot is not None and not snapshot.complete:
             snapshot = _snapshot(
-                database,
-                config,
-                dialect,
-                info,
-                snapshot,
-                sink,
-                log,
-                stop,
-                health,
-                snapshot_commits,
+                opened, config, snapshot, sink, log, stop, health, snapshot_commits
             )
             if not snapshot.complete:
                 log.info("ingest_stopped", reason="stopped during the snapshot")
                 return _release_lease(sink, log)
-        if mode is SnapshotMode.INITIAL_ONLY:
+        if SnapshotMode(config.snapshot_mode) is SnapshotMode.INITIAL_ONLY:
             log.info(
                 "ingest_stopped", reason="snapshot_mode initial_only: the snapshot is complete"
             )
             return _release_lease(sink, log)
-        _stream(
-            opened,
-            config,
-            sink,
-            checkpoint,
-            snapshot,
-            resume,
-            log,
-            stop,
-            health,
-            metrics,
-        )
+        _stream(opened, config, sink, checkpoint, snapshot, resume, log, stop, health, metrics)
         return _release_lease(sink, log)
     finally:
         if health is not None:
             health.close()
+
+
+def _start_job(
+    opened: OpenedStream, config: ServiceConfig, sink: DeltaChangeLogSink, log: Logger
+) -> tuple[ResumePoint, SnapshotProgress | None]:
+    """Record a new job's start, refused at once if the stream cannot be read from there or a
+    snapshot could not finish within retention."""
+    now = time.time_ns()
+    start = query.validate_start(config.start_timestamp or now, now, opened.info)
+    opened.query().check_readable_from(start)
+    resume = start_point(start)
+    snapshot = None
+    if SnapshotMode(config.snapshot_mode) is not SnapshotMode.NEVER:
+        read_at = resume.low_watermark
+        check_reachable(read_at, now, opened.version_retention())
+        tables = read_watched_columns(opened.database, config.stream, opened.dialect, read_at)
+        snapshot = SnapshotProgress.begin(read_at, list(tables))
+        expected = _expected_rows(opened, config, snapshot)
+        if expected is not None:
+            end = check_fits_retention(
+                read_at, expected, config.snapshot_rows_per_s, _retention(opened)
+            )
+            log.info("snapshot_estimated", rows=expected, expected_end=to_rfc3339(end))
+    sink.start_job(start, snapshot)
+    log.info(
+        "job_started",
+        job_start=to_rfc3339(start),
+        snapshot_read_timestamp=to_rfc3339(snapshot.read_timestamp) if snapshot else None,
+    )
+    return resume, snapshot
+
+
+def _resume_job(
+    config: ServiceConfig, checkpoint: Checkpoint, log: Logger
+) -> tuple[ResumePoint, SnapshotProgress | None]:
+    if start_moved(config.start_timestamp, checkpoint):
+        log.warning(
+            "configured_start_ignored",
+            configured_start=to_rfc3339(config.start_timestamp or 0),
+            job_start=to_rfc3339(checkpoint.job_start or 0),
+            note="a job's start never moves; start a new job to read from another point",
+        )
+    return checkpoint.resume_point, checkpoint.snapshot
+
+
+def _health_server(
+    config: ServiceConfig, snapshot_commits: Commits, metrics: IngestMetrics
+) -> HealthServer | None:
+    if not config.health_port:
+        return None
+    health = HealthServer(
+        config.health_port,
+        config.readiness_s,
+        snapshot_commits,
+        config.max_stuck_restarts,
+        token_file(config.control_token_file),
+    )
+    health.metrics = metrics.render
+    return health
 
 
 def _release_lease(sink: DeltaChangeLogSink, log: Logger) -> int:
@@ -184,39 +192,28 @@ def _stream(
     metrics: IngestMetrics,
 ) -> None:
     """Read the change stream from the resume point until stopped."""
-    database, dialect, info = opened.database, opened.dialect, opened.info
-    start = query.validate_start(resume.low_watermark + 1, time.time_ns(), info)
+    start = query.validate_start(resume.low_watermark + 1, time.time_ns(), opened.info)
     log.info(
         "ingest_started",
         table_uri=config.table_uri,
-        dialect=dialect.value,
+        dialect=opened.dialect.value,
         resumed_from_version=checkpoint.version if checkpoint else None,
         start_timestamp=to_rfc3339(start),
     )
     reader = ChangeStreamReader(
         opened.query(), reader_config(config, start), log, resume_from=resume
     )
-    watched_columns = functools.partial(read_watched_columns, database, config.stream, dialect)
-    table_snapshots = TableSnapshots(
-        sink,
-        _table_reader(database, config),
-        watched_columns,
-        lambda table, at, found: absent_keys(_changelog(sink), table, at, found),
-        lambda table, at: deleted_after(_changelog(sink), table, at),
-        functools.partial(query.version_retention, database),
-        config.snapshot_workers,
-        log,
-        stop,
-    )
-    table_snapshots.resume()
+    table_snapshots = _table_snapshots(opened, config, sink, log, stop)
     batcher = Batcher(
         sink,
         config.flush_latency_ms / 1000,
         config.max_batch_rows,
         config.checkpoint_interval_s,
-        info.retention_nanos,
+        opened.info.retention_nanos,
         log,
-        watched_columns=watched_columns,
+        watched_columns=functools.partial(
+            read_watched_columns, opened.database, config.stream, opened.dialect
+        ),
         watched_interval_s=config.watched_columns_interval_s,
         riders=table_snapshots,
         on_commit=metrics.committed,
@@ -224,18 +221,10 @@ def _stream(
     metrics.sources.reader = reader
     if checkpoint is None and snapshot is None:
         batcher.landed(resume.low_watermark)
-    if health is not None:
-        health.committer = batcher
-        health.snapshot_requests = table_snapshots.request
-        health.stuck_restarts = lambda: reader.watchdog.most_restarts_in_a_row
-
-    def tick() -> None:
-        if health is not None:
-            health.tick()
-        batcher.on_tick()
-
     try:
-        reader.run(batcher.on_release, stop, on_tick=tick)
+        reader.run(
+            batcher.on_release, stop, on_tick=_ticks(health, batcher, table_snapshots, reader)
+        )
         batcher.flush()
     finally:
         table_snapshots.close()
@@ -247,11 +236,53 @@ def _stream(
     )
 
 
-def _snapshot(
-    database: Database,
+def _ticks(
+    health: HealthServer | None,
+    batcher: Batcher,
+    table_snapshots: TableSnapshots,
+    reader: ChangeStreamReader,
+) -> Callable[[], None]:
+    """What runs on the reader's loop: the batcher's flushes and, with a health server, its
+    view of commits, snapshot requests and stuck partitions."""
+    if health is None:
+        return batcher.on_tick
+    health.committer = batcher
+    health.snapshot_requests = table_snapshots.request
+    health.stuck_restarts = lambda: reader.watchdog.most_restarts_in_a_row
+
+    def tick() -> None:
+        health.tick()
+        batcher.on_tick()
+
+    return tick
+
+
+def _table_snapshots(
+    opened: OpenedStream,
     config: ServiceConfig,
-    dialect: query.Dialect,
-    info: query.ChangeStreamInfo,
+    sink: DeltaChangeLogSink,
+    log: Logger,
+    stop: threading.Event,
+) -> TableSnapshots:
+    """On-demand snapshots of some tables, resumed where a previous process left one."""
+    table_snapshots = TableSnapshots(
+        sink,
+        _table_reader(opened.database, config),
+        functools.partial(read_watched_columns, opened.database, config.stream, opened.dialect),
+        lambda table, at, found: absent_keys(_changelog(sink), table, at, found),
+        lambda table, at: deleted_after(_changelog(sink), table, at),
+        opened.version_retention,
+        config.snapshot_workers,
+        log,
+        stop,
+    )
+    table_snapshots.resume()
+    return table_snapshots
+
+
+def _snapshot(
+    opened: OpenedStream,
+    config: ServiceConfig,
     progress: SnapshotProgress,
     sink: DeltaChangeLogSink,
     log: Logger,
@@ -262,10 +293,10 @@ def _snapshot(
     """Land the tables the snapshot has not finished; refused once T0 is out of reach, and a
     read that fails past that deadline says so."""
     read_at = progress.read_timestamp
-    retention = _retention(database, info)
+    retention = _retention(opened)
     check_reachable(read_at, time.time_ns(), retention.version_retention)
     deadline = read_at + retention.limit
-    expected = _expected_rows(database, config, dialect, progress)
+    expected = _expected_rows(opened, config, progress)
     log.info(
         "snapshot_started",
         read_timestamp=to_rfc3339(read_at),
@@ -275,13 +306,13 @@ def _snapshot(
         rows=progress.rows,
         expected_rows=expected,
     )
-    columns = read_watched_columns(database, config.stream, dialect, read_at)
+    columns = read_watched_columns(opened.database, config.stream, opened.dialect, read_at)
     try:
         return run_snapshot(
             sink,
             progress,
             columns,
-            _table_reader(database, config),
+            _table_reader(opened.database, config),
             SnapshotSettings(config.snapshot_workers, expected_rows=expected, deadline=deadline),
             log,
             stop,
@@ -308,23 +339,22 @@ def _table_reader(database: Database, config: ServiceConfig) -> ReadTable:
     )
 
 
-def _retention(database: Database, info: query.ChangeStreamInfo) -> Retention:
-    return Retention(query.version_retention(database), info.retention_nanos)
+def _retention(opened: OpenedStream) -> Retention:
+    return Retention(opened.version_retention(), opened.info.retention_nanos)
 
 
 def _expected_rows(
-    database: Database,
-    config: ServiceConfig,
-    dialect: query.Dialect,
-    progress: SnapshotProgress,
+    opened: OpenedStream, config: ServiceConfig, progress: SnapshotProgress
 ) -> int | None:
     """Rows at T0 of the tables with something left to read (landed rows included, so the
     projection compares like with like); None when the estimate is off."""
     if not config.snapshot_rows_per_s:
         return None
-    postgresql = dialect is query.Dialect.POSTGRESQL
+    postgresql = opened.dialect is query.Dialect.POSTGRESQL
     return sum(
-        count_rows(database, t.table, progress.read_timestamp, postgresql) if not t.done else t.rows
+        count_rows(opened.database, t.table, progress.read_timestamp, postgresql)
+        if not t.done
+        else t.rows
         for t in progress.tables
     )
 
