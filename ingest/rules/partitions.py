@@ -29,10 +29,21 @@ INITIAL_PARTITION = ""
 
 
 class PartitionState(enum.Enum):
+    """A partition's life, in order."""
+
     CREATED = "CREATED"
+    """Known (the initial query, restored from a checkpoint, or named by a child partitions or
+    partition start record) and waiting for every parent to finish."""
     SCHEDULED = "SCHEDULED"
+    """Its parents finished: handed to the reader to query (``take_ready``)."""
     RUNNING = "RUNNING"
+    """Its query started; its records arrive and move its watermark."""
+    LANDING = "LANDING"
+    """Its query sent its last record (or reached the reader's end timestamp), but records of
+    it above the landed watermark have not landed: a restart must query it again."""
     FINISHED = "FINISHED"
+    """Everything it delivered has landed; only its token is kept while a child may still wait
+    for it or a retried parent may report it again."""
 
 
 class PartitionLifecycleError(RuntimeError):
@@ -106,7 +117,7 @@ class PartitionTracker:
         self._finished: dict[str, frozenset[str]] = {}
         """Finished tokens still needed, with the partitions that reported them."""
         self._landing: dict[str, Partition] = {}
-        """Finished partitions whose records are not all at or below the landed watermark yet."""
+        """LANDING partitions: finished reading, records above the landed watermark."""
 
     # -- creation --------------------------------------------------------------------------
 
@@ -228,7 +239,7 @@ class PartitionTracker:
         return created
 
     def on_stream_end(self, token: str) -> None:
-        """The partition's query closed cleanly: FINISHED once its last record arrived.
+        """The partition's query closed cleanly: LANDING once its last record arrived.
 
         A query bounded by the reader's end timestamp closes without one once it delivered
         everything up to that end; an unbounded one must have sent its last record.
@@ -240,7 +251,7 @@ class PartitionTracker:
                     f"partition {token!r} ended without its last record; retry it"
                 )
             partition.watermark = max(partition.watermark, partition.end_timestamp)
-        partition.state = PartitionState.FINISHED
+        partition.state = PartitionState.LANDING
         self._finished[token] = frozenset(partition.reported_by)
         del self._partitions[token]
         self._landing[token] = partition
@@ -289,8 +300,11 @@ class PartitionTracker:
         Unfinished partitions, and finished ones that delivered records above the landed
         watermark: resuming only their children would lose those records.
         """
+        for partition in self._landing.values():
+            if partition.watermark <= landed_watermark:
+                partition.state = PartitionState.FINISHED
         self._landing = {
-            token: p for token, p in self._landing.items() if p.watermark > landed_watermark
+            token: p for token, p in self._landing.items() if p.state is PartitionState.LANDING
         }
         saved = [*self._landing.values(), *self._partitions.values()]
         awaited = set().union(*(p.parent_tokens for p in saved))
