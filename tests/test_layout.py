@@ -4,6 +4,7 @@ packages is read from the source and checked against the allowed stages."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,51 @@ def test_the_pipeline_never_loads_the_spanner_client() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     ).stdout.strip()
     assert loaded == "[]"
+
+
+def documented_layout() -> dict[str, str]:
+    """docs/design.md's folder tree: each folder (or top-level file list) → its description."""
+    design = (ROOT / "docs" / "design.md").read_text()
+    block = design.split("## Layout", 1)[1].split("```\n", 2)[1]
+    entries: dict[str, str] = {}
+    top = ""
+    current = ""
+    for line in block.splitlines():
+        name, _, description = line.strip().partition("  ")
+        if not line.startswith(" " * 4):
+            if not line.startswith(" "):
+                top = current = name
+            else:
+                current = top + name
+            entries[current] = entries.get(current, "") + " " + description
+        else:
+            entries[current] += " " + line.strip()
+    return entries
+
+
+def test_the_layout_in_the_design_is_the_tree() -> None:
+    """Every package and module of the product is in docs/design.md's tree, and every folder
+    named there exists: the layout is described once, and true."""
+    documented = documented_layout()
+    named_files = {
+        top + file.strip()
+        for entry in documented
+        for top in [entry.split("/")[0] + "/"]
+        for file in entry.split("/", 1)[1].split(",")
+        if file.strip().endswith(".py")
+    }
+    folders = {entry for entry in documented if entry.endswith("/")}
+    missing = []
+    for package in ("ingest", "pipeline", "emulator"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.name in ("__init__.py", "__main__.py"):
+                continue
+            relative = path.relative_to(ROOT).as_posix()
+            folder = relative.rsplit("/", 1)[0] + "/"
+            if relative in named_files:
+                continue
+            words = set(re.findall(r"\w+", documented.get(folder, "")))
+            if folder not in folders or path.stem not in words:
+                missing.append(relative)
+    assert missing == [], "not in docs/design.md's layout"
+    assert [f for f in sorted(folders) if not (ROOT / f).is_dir()] == []

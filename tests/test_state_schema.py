@@ -441,6 +441,6 @@ def test_a_layout_1_checkpoint_is_refused_with_one_line_on_how_to_rebuild() -> N
             "state layout changed",
             "the checkpoint was recorded with state layout 1, this version reads layouts 2 to 3 "
             "(STRING as bytes, arrays as JSON text); rebuild the mirrors from the change log "
-            "(README, Replay)",
+            "(docs/operations.md, Replay)",
         )
     ]

@@ -1,4 +1,4 @@
-"""The README against the code and CI (deployment files: tests/test_deploy_files.py)."""
+"""The README and docs/ against the code and CI (deployment files: tests/test_deploy_files.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "make test" in (ROOT / "README.md").read_text()
 
 
-def test_readme_configuration_reference_matches_the_code() -> None:
+def test_the_configuration_reference_matches_the_code() -> None:
     from ingest.service.config import reference
     from pipeline.config import reference as pipeline_reference
 
-    readme = (ROOT / "README.md").read_text()
-    documented = re.findall(r"^\| `(\w+)` \| `(\w+)` \| `(.*)` \|$", readme, flags=re.M)
+    pages = [(ROOT / "docs" / page).read_text() for page in ("ingest.md", "pipeline.md")]
+    documented = re.findall(r"^\| `(\w+)` \| `(\w+)` \| `(.*)` \|$", "".join(pages), flags=re.M)
     expected = [(n, e, repr(d)) for n, e, d in [*reference(), *pipeline_reference()]]
     assert documented == expected

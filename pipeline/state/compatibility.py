@@ -102,7 +102,7 @@ def check_evolution(
                     f"the checkpoint was recorded with state layout {history[-1].layout}, this "
                     f"version reads layouts {OLDEST_READABLE_LAYOUT} to {STATE_LAYOUT} (STRING "
                     "as bytes, arrays as JSON text); rebuild the mirrors from the change log "
-                    "(README, Replay)",
+                    "(docs/operations.md, Replay)",
                 )
             ]
         )

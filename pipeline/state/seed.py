@@ -97,8 +97,8 @@ def _keys(mirror: DataFrame, shape: TableShape, present: set[str]) -> Column:
             raise SeedRefused(
                 f"table {shape.name}: rows written before the mirror kept its keys as the change "
                 f"log spells them, and a key column's spelling cannot be rebuilt exactly "
-                f"({names}); replay the change log into a new checkpoint instead (README, "
-                "Running for years)"
+                f"({names}); replay the change log into a new checkpoint instead "
+                "(docs/operations.md, Running for years)"
             )
         return stored
     spelled = F.struct(*[_spelled(c) for c in sorted(shape.key_columns, key=lambda c: c.name)])
