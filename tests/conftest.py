@@ -24,6 +24,7 @@ LONGEST_FIRST = (
     "test_pipeline.py",
     "test_end_to_end.py",
     "test_pipeline_properties.py",
+    "test_soak_smoke.py",
     "test_bench_smoke_spark.py",
     "test_wide_streams.py",
     "test_long_running.py",

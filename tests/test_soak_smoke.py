@@ -1,0 +1,27 @@
+"""``bench/soak.py`` at a smoke size: a column every 20 s with one state evolution allowed (so
+the pipeline rebases), one kill -9 of each process, one table re-snapshot; the script exits 0
+only if the audit finds the change log equal to the stream and every mirror equals Spanner."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_bench_smoke import assert_figures, run_script
+
+ARGS = [
+    *("--minutes", "1.5", "--rate", "5", "--schema-every", "20", "--kill-every", "40"),
+    *("--calm-minutes", "0.5", "--max-evolutions", "1", "--existing-rows", "100"),
+    *("--sample-s", "1"),
+]
+FIGURES = (
+    r"^1\.5\t\d+\t4\t1\t1\t\d+\t[1-9]\d*\t1 \(\d+\)$"
+    r"(.|\n)*^ingest\t2\t\d+\t"
+    r"(.|\n)*^pipeline\t2\t\d+\t"
+    r"(.|\n)*^audit \(exit 0\): .* 0 missing, 0 extra, 0 differing$"
+    r"(.|\n)*^mirrors equal to Spanner at W: yes$"
+)
+
+
+@pytest.mark.emulator
+def test_the_soak_runs_at_smoke_size() -> None:
+    assert_figures("soak.py", run_script("soak.py", ARGS, timeout=900), FIGURES)
