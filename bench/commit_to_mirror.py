@@ -62,9 +62,9 @@ from ingest.changestream.config import ReaderConfig
 from ingest.changestream.reader import ChangeStreamReader
 from ingest.delta.batcher import Batcher
 from ingest.delta.sink import DeltaChangeLogSink
-from ingest.model.logs import make_logger
 from ingest.model.records import Mod, Transaction
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339
+from ingest.runtime.logs import make_logger
 from tests.scripted_spanner import Script, parents_of, scripted_query
 from tests.simulation import Topology, build_wide_topology
 

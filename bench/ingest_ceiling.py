@@ -40,10 +40,10 @@ from ingest.changestream.query import ChangeStreamQuery, statement
 from ingest.changestream.reader import ChangeStreamReader
 from ingest.delta.batcher import Batcher
 from ingest.delta.sink import DeltaChangeLogSink
-from ingest.model.logs import make_logger, null_logger
 from ingest.model.records import ChangeRecord, Transaction
 from ingest.model.resume import Release
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339
+from ingest.runtime.logs import make_logger, null_logger
 from tests.scripted_spanner import Script, scripted_query
 from tests.simulation import Topology, build_wide_topology
 

@@ -41,8 +41,8 @@ from ingest.changestream.query import ChangeStreamQuery, Dialect
 from ingest.changestream.reader import ChangeStreamReader
 from ingest.contract.changelog import PARTITION_COLUMNS
 from ingest.delta import changelog
-from ingest.model.logs import make_logger
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
+from ingest.runtime.logs import make_logger
 
 WORK = Path(tempfile.mkdtemp(prefix="ingest-bench-"))
 

@@ -40,7 +40,7 @@ from pipeline_throughput import MODS_PER_TRANSACTION, available_now, land_change
 
 import pipeline.job
 import pipeline.mirror
-from ingest.model.logs import null_logger
+from ingest.runtime.logs import null_logger
 from pipeline.config import PipelineConfig
 from pipeline.job import JobStats, plan_deployment, spark_settings, start_query
 from pipeline.metrics import PipelineMetrics

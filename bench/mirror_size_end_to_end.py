@@ -34,10 +34,10 @@ from mirror_merge_scaling import SHAPE, batch_keys, build_mirror, ratio_to_first
 from pipeline_throughput import one_record_transaction
 
 from ingest.delta.sink import DeltaChangeLogSink
-from ingest.model.logs import null_logger
 from ingest.model.records import Mod
 from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.timestamps import parse_rfc3339
+from ingest.runtime.logs import null_logger
 from pipeline.config import PipelineConfig
 from pipeline.job import JobStats, plan_deployment, spark_settings, start_query
 from pipeline.metrics import PipelineMetrics

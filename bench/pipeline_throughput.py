@@ -38,10 +38,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ingest.delta.sink import DeltaChangeLogSink
-from ingest.model.logs import null_logger
 from ingest.model.records import ColumnType, DataChangeRecord, Mod, Transaction
 from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
+from ingest.runtime.logs import null_logger
 from pipeline.config import PipelineConfig
 from pipeline.job import JobStats, plan_deployment, read_changes, spark_settings, start_query
 from pipeline.metrics import PipelineMetrics

@@ -32,10 +32,10 @@ from emulator.workload import Workload, WorkloadConfig, run_in_subprocess
 from ingest.changestream.config import ReaderConfig
 from ingest.changestream.query import ChangeStreamQuery, Dialect, statement
 from ingest.changestream.reader import ChangeStreamReader
-from ingest.model.logs import make_logger
 from ingest.model.records import ChangeRecord, DataChangeRecord
 from ingest.model.resume import Release
 from ingest.model.timestamps import Nanos
+from ingest.runtime.logs import make_logger
 
 
 class RecordingSource:

@@ -24,8 +24,8 @@ from google.cloud.spanner_v1.database import Database
 
 from ingest.changestream.config import ReaderConfig
 from ingest.changestream.query import ChangeStreamQuery, Dialect
-from ingest.model.logs import make_logger
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
+from ingest.runtime.logs import make_logger
 from ingest.service.audit import stream_digests
 
 PRODUCT_DROPPED = "product dropped it"

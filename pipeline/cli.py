@@ -15,18 +15,14 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
-from ingest.model.logs import make_logger
-from ingest.model.options import ConfigError
+from ingest.runtime.commands import Parser, run_command
+from ingest.runtime.logs import make_logger
+from ingest.runtime.options import ConfigError
 from pipeline import config as config_module
-from pipeline.job import PipelineFailed
-from pipeline.rebase import RebaseRefused
-from pipeline.state.checkpoint import CheckpointInUse
 from pipeline.state.compatibility import StateSchemaError
 
-EXIT_RUNTIME_ERROR = 1
-EXIT_BAD_INPUT = 2
 OPTION_FLAGS = {
     "changelog": "changelog_uri",
     "mirrors": "mirror_root",
@@ -37,17 +33,8 @@ OPTION_FLAGS = {
 }
 
 
-class UsageError(ValueError):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m pipeline", description=__doc__)
+    parser = Parser(prog="python -m pipeline", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in (
         ("run", "run the streaming job"),
@@ -172,7 +159,7 @@ def run(config: config_module.PipelineConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
+    def command() -> int:
         arguments = build_parser().parse_args(argv)
         config = load_config(arguments)
         if arguments.command == "check-state-schema":
@@ -180,9 +167,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         if arguments.command == "rebase":
             return rebase(config)
         return run(config)
-    except (UsageError, ConfigError, StateSchemaError, CheckpointInUse, RebaseRefused) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except PipelineFailed as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_RUNTIME_ERROR
+
+    return run_command(command, sys.stderr)

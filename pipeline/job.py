@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 from pyspark.sql import types as T
 
+from ingest.runtime.errors import ReportedError
 from pipeline.catalog import discover_shapes, version_holding
 from pipeline.config import PipelineConfig
 from pipeline.metrics import PipelineMetrics
@@ -51,7 +52,7 @@ Logger = structlog.typing.FilteringBoundLogger
 RESTART_MARKERS = (SOURCE_SCHEMA_CHANGED, STATE_ROUNDTRIP_MISMATCH, "ConcurrentAppendException")
 
 
-class PipelineFailed(RuntimeError):
+class PipelineFailed(ReportedError, RuntimeError):
     pass
 
 

@@ -18,6 +18,7 @@ from deltalake import DeltaTable
 
 from ingest.contract.changelog import newest_checkpoint
 from ingest.model.timestamps import to_rfc3339
+from ingest.runtime.errors import BadInput
 from pipeline.config import PipelineConfig
 from pipeline.state import cut, generations
 from pipeline.state.checkpoint import committed_batches
@@ -28,7 +29,7 @@ from pipeline.types import TableShape
 Logger = structlog.typing.FilteringBoundLogger
 
 
-class RebaseRefused(RuntimeError):
+class RebaseRefused(BadInput, RuntimeError):
     """No rebase can be taken; the message says why and what to do."""
 
 

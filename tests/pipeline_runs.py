@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pyspark.sql import types as T
 
-from ingest.model.logs import null_logger
+from ingest.runtime.logs import null_logger
 from pipeline import job
 from pipeline.config import PipelineConfig
 from pipeline.job import run_pipeline, spark_settings

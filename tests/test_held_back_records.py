@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from ingest.changestream.config import ReaderConfig
 from ingest.changestream.reader import ChangeStreamReader
 from ingest.changestream.retries import RetryPolicy
-from ingest.model.logs import null_logger
 from ingest.model.records import Transaction
 from ingest.model.resume import Release
 from ingest.model.timestamps import NANOS_PER_SECOND, to_rfc3339
 from ingest.rules.assembler import IncompleteTransactionError
+from ingest.runtime.logs import null_logger
 from tests.scripted_spanner import Script, parents_of, scripted_query, start_server
 from tests.simulation import Topology, build_wide_topology
 

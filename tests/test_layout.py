@@ -14,15 +14,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 ALLOWED = {
+    "ingest.runtime": ("ingest.runtime",),
     "ingest.model": ("ingest.model",),
-    "ingest.contract": ("ingest.model", "ingest.contract"),
-    "ingest.rules": ("ingest.model", "ingest.rules"),
-    "ingest.changestream": ("ingest.model", "ingest.rules", "ingest.changestream"),
-    "ingest.delta": ("ingest.model", "ingest.contract", "ingest.delta"),
-    "ingest.snapshot": ("ingest.model", "ingest.snapshot"),
+    "ingest.contract": ("ingest.runtime", "ingest.model", "ingest.contract"),
+    "ingest.rules": ("ingest.runtime", "ingest.model", "ingest.rules"),
+    "ingest.changestream": (
+        "ingest.runtime",
+        "ingest.model",
+        "ingest.rules",
+        "ingest.changestream",
+    ),
+    "ingest.delta": ("ingest.runtime", "ingest.model", "ingest.contract", "ingest.delta"),
+    "ingest.snapshot": ("ingest.runtime", "ingest.model", "ingest.snapshot"),
     "ingest.service": ("ingest",),
     "ingest": ("ingest",),
-    "pipeline": ("pipeline", "ingest.model", "ingest.contract"),
+    "pipeline": ("pipeline", "ingest.runtime", "ingest.model", "ingest.contract"),
 }
 """Stage → the product modules it may import (prefixes). Anything not listed is refused."""
 PRODUCT = ("ingest", "pipeline", "emulator", "tests", "bench")

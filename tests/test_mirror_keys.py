@@ -22,8 +22,8 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ingest.model.logs import null_logger
 from ingest.model.records import ColumnType
+from ingest.runtime.logs import null_logger
 from pipeline.catalog import scan
 from pipeline.mirror import create_mirror, mirror_struct, mirror_uri, write_batch
 from pipeline.processor import OPERATION, output_schema

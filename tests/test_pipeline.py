@@ -17,9 +17,9 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from ingest.delta import changelog as changelog_rows
-from ingest.model.logs import null_logger
 from ingest.model.records import ColumnType
 from ingest.model.timestamps import parse_rfc3339
+from ingest.runtime.logs import null_logger
 from pipeline import catalog as pipeline_catalog
 from pipeline import job
 from pipeline.catalog import discover_shapes, scan

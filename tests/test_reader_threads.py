@@ -14,7 +14,6 @@ from google.api_core import exceptions as api_exceptions
 from ingest.changestream.config import ReaderConfig
 from ingest.changestream.reader import EVENT_QUEUE_SIZE, ChangeStreamReader, PartitionQueryFailed
 from ingest.changestream.retries import RetryPolicy
-from ingest.model.logs import null_logger
 from ingest.model.records import (
     ChangeRecord,
     ChildPartition,
@@ -26,6 +25,7 @@ from ingest.model.records import (
 from ingest.model.resume import Release
 from ingest.model.timestamps import Nanos, to_rfc3339
 from ingest.rules.partitions import INITIAL_PARTITION
+from ingest.runtime.logs import null_logger
 from tests.builders import captured_logger
 from tests.builders import record as data_record
 from tests.simulation import Topology, build_topology, records_from

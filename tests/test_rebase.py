@@ -11,8 +11,8 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from ingest.model.logs import null_logger
 from ingest.model.records import ColumnType
+from ingest.runtime.logs import null_logger
 from pipeline.config import PipelineConfig
 from pipeline.mirror import KEYS_COLUMN, POSITION_COLUMN, mirror_uri
 from pipeline.rebase import rebase_on_demand

@@ -22,8 +22,8 @@ from google.cloud.spanner_v1.data_types import JsonObject
 from pyspark.sql import types as T
 
 from emulator.verify import canonical
-from ingest.model.options import ConfigError
 from ingest.model.records import ColumnType
+from ingest.runtime.options import ConfigError
 from pipeline.config import load as load_pipeline_config
 from pipeline.state.avro import avro_schema
 from pipeline.state.compatibility import Limits, Refusal, StateSchemaError, check_evolution

@@ -34,13 +34,14 @@ from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 from ingest.rules.coordinator import Coordinator
 from ingest.rules.turns import Turns
 from ingest.rules.watchdog import Watchdog
+from ingest.runtime.errors import ReportedError
 
 Logger = structlog.typing.FilteringBoundLogger
 EVENT_QUEUE_SIZE = 512
 """Records in flight between workers and the coordinator; memory ≈ budget + this many records."""
 
 
-class PartitionQueryFailed(RuntimeError):
+class PartitionQueryFailed(ReportedError, RuntimeError):
     """A partition query failed permanently, or kept failing past the retry policy."""
 
 

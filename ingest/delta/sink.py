@@ -31,17 +31,18 @@ from ingest.contract.changelog import (
     to_json,
 )
 from ingest.delta import changelog
-from ingest.model.logs import null_logger
 from ingest.model.records import ColumnType
 from ingest.model.records import Transaction as SpannerTransaction
 from ingest.model.resume import ResumePoint, start_point
 from ingest.model.snapshot import SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import Nanos
+from ingest.runtime.errors import ReportedError
+from ingest.runtime.logs import null_logger
 
 TABLE_CONFIGURATION = {"delta.appendOnly": "true"}
 
 
-class WriterFenced(RuntimeError):
+class WriterFenced(ReportedError, RuntimeError):
     """Another process committed for this job: this one must stop writing."""
 
 

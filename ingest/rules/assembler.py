@@ -13,18 +13,19 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from ingest.model.logs import null_logger
 from ingest.model.records import DataChangeRecord, Transaction, sequence_key
 from ingest.model.timestamps import Nanos, to_rfc3339
+from ingest.runtime.errors import ReportedError
+from ingest.runtime.logs import null_logger
 
 _RECORD_OVERHEAD_BYTES = 512
 
 
-class IncompleteTransactionError(RuntimeError):
+class IncompleteTransactionError(ReportedError, RuntimeError):
     """The low watermark passed a transaction whose records have not all arrived."""
 
 
-class InconsistentTransactionError(RuntimeError):
+class InconsistentTransactionError(ReportedError, RuntimeError):
     """Records of one server_transaction_id disagree on commit timestamp or record count."""
 
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from ingest.model.logs import null_logger
 from ingest.model.records import (
     ChangeRecord,
     ChildPartition,
@@ -23,6 +22,7 @@ from ingest.model.records import (
 )
 from ingest.model.resume import ResumablePartition, ResumablePartitions
 from ingest.model.timestamps import Nanos, to_rfc3339
+from ingest.runtime.logs import null_logger
 
 INITIAL_PARTITION = ""
 """Token under which the initial query (``partition_token => NULL``) is tracked."""

@@ -36,6 +36,7 @@ from ingest.delta.changelog import to_arrow
 from ingest.model.encoding import canonical_json
 from ingest.model.resume import Release
 from ingest.model.timestamps import Nanos, to_rfc3339
+from ingest.runtime.errors import BadInput
 
 COMPARED = (
     "commit_timestamp_text",
@@ -63,7 +64,7 @@ TransactionKey = tuple[str, str]
 """(commit timestamp as RFC 3339 text, server transaction id)"""
 
 
-class AuditWindowError(ValueError):
+class AuditWindowError(BadInput, ValueError):
     """A window the change log cannot be audited on (not landed yet, no change log)."""
 
 

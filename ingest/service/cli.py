@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import TextIO
 
 from google.api_core import exceptions as api_exceptions
 
@@ -33,31 +33,19 @@ from ingest.changestream.config import (
     reader_config,
 )
 from ingest.changestream.opening import StreamAddress, open_stream
-from ingest.changestream.reader import ChangeStreamReader, PartitionQueryFailed
-from ingest.delta.sink import WriterFenced
+from ingest.changestream.reader import ChangeStreamReader
 from ingest.model.encoding import canonical_json, transaction_to_dict
-from ingest.model.logs import make_logger
 from ingest.model.resume import Release
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
-from ingest.rules.assembler import IncompleteTransactionError, InconsistentTransactionError
+from ingest.runtime.commands import Parser, UsageError, one_line, run_command
+from ingest.runtime.errors import BadInput, ReportedError
+from ingest.runtime.logs import make_logger
 from ingest.service import config as config_module
-from ingest.service.audit import AuditWindowError, audit, newest_watermark
+from ingest.service.audit import audit, newest_watermark
 from ingest.service.run import run_service
-from ingest.service.snapshot import SnapshotOutOfReach
 
-EXIT_RUNTIME_ERROR = 1
-EXIT_BAD_INPUT = 2
 EXIT_DIFFERENCES = 3
 """``audit`` found transactions missing, extra or differing."""
-
-
-class UsageError(ValueError):
-    """A command line value that cannot be valid."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
 
 
 def _timestamp(text: str) -> Nanos:
@@ -70,7 +58,7 @@ def _timestamp(text: str) -> Nanos:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m ingest", description=__doc__)
+    parser = Parser(prog="python -m ingest", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     tail = commands.add_parser("tail", help="print committed transactions as JSON lines")
     _stream_arguments(tail, start_default="now")
@@ -212,7 +200,7 @@ def _regular_sessions_on_the_emulator() -> None:
         os.environ.setdefault("GOOGLE_CLOUD_SPANNER_MULTIPLEXED_SESSIONS", "false")
 
 
-class SnapshotRequestRefused(RuntimeError):
+class SnapshotRequestRefused(BadInput):
     """The service answered the request with an error."""
 
 
@@ -295,18 +283,14 @@ def run_audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_DIFFERENCES if report.differences else 0
 
 
-def _one_line(error: BaseException) -> str:
-    text = getattr(error, "message", None) or str(error)
-    return " ".join(str(text).split())
-
-
 def main(
     argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
     _regular_sessions_on_the_emulator()
-    try:
+
+    def command() -> int:
         args = build_parser().parse_args(argv)
         if args.command == "run":
             return run_ingest(args, out)
@@ -315,30 +299,22 @@ def main(
         if args.command == "audit":
             return run_audit(args, out, err)
         return run_tail(args, out, err)
-    except (
-        UsageError,
-        query.ChangeStreamRequestError,
-        config_module.ConfigError,
-        SnapshotOutOfReach,
-        SnapshotRequestRefused,
-        AuditWindowError,
-    ) as error:
-        print(f"error: {_one_line(error)}", file=err)
-        return EXIT_BAD_INPUT
-    except (
-        api_exceptions.NotFound,
-        api_exceptions.InvalidArgument,
-        api_exceptions.OutOfRange,
-        api_exceptions.FailedPrecondition,
-    ) as error:
-        print(f"error: spanner refused the request: {_one_line(error)}", file=err)
-        return EXIT_BAD_INPUT
-    except (
-        PartitionQueryFailed,
-        WriterFenced,
-        IncompleteTransactionError,
-        InconsistentTransactionError,
-        api_exceptions.GoogleAPICallError,
-    ) as error:
-        print(f"error: {_one_line(error)}", file=err)
-        return EXIT_RUNTIME_ERROR
+
+    return run_command(command, err, _spanner_refused)
+
+
+def _spanner_refused(error: Exception) -> ReportedError | None:
+    """Spanner's answers as the product's errors: a request it refuses can never succeed."""
+    if isinstance(error, REFUSED):
+        return BadInput(f"spanner refused the request: {one_line(error)}")
+    if isinstance(error, api_exceptions.GoogleAPICallError):
+        return ReportedError(one_line(error))
+    return None
+
+
+REFUSED = (
+    api_exceptions.NotFound,
+    api_exceptions.InvalidArgument,
+    api_exceptions.OutOfRange,
+    api_exceptions.FailedPrecondition,
+)

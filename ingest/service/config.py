@@ -18,7 +18,8 @@ from ingest.changestream.query import (
     ChangeStreamRequestError,
     validate_query_window,
 )
-from ingest.model.options import (
+from ingest.model.timestamps import Nanos, parse_rfc3339
+from ingest.runtime.options import (
     ConfigError,
     choice,
     identifier,
@@ -28,7 +29,6 @@ from ingest.model.options import (
     non_empty,
     seconds,
 )
-from ingest.model.timestamps import Nanos, parse_rfc3339
 
 CONFIG_FILE_VARIABLE = "INGEST_CONFIG_FILE"
 

@@ -25,6 +25,7 @@ from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import ColumnType, WatchedColumns
 from ingest.model.snapshot import Key, SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
+from ingest.runtime.errors import BadInput
 
 Logger = structlog.typing.FilteringBoundLogger
 ReadTable = Callable[[str, tuple[ColumnType, ...], Nanos, Key | None], Iterator[SnapshotChunk]]
@@ -34,7 +35,7 @@ AbsentKeys = Callable[[str, Nanos, Iterable[str]], list[str]]
 snapshot did not find (``ingest.delta.absent_keys``)."""
 
 
-class SnapshotOutOfReach(RuntimeError):
+class SnapshotOutOfReach(BadInput, RuntimeError):
     """T0 is older than the database keeps versions: the snapshot cannot be read consistently."""
 
 

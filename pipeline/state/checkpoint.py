@@ -21,12 +21,13 @@ from pathlib import Path
 
 from pyarrow import fs as pafs
 
+from ingest.runtime.errors import BadInput
 from pipeline.state.registry import filesystem_for
 
 LOCK_FILE = "_job_lock.json"
 
 
-class CheckpointInUse(RuntimeError):
+class CheckpointInUse(BadInput, RuntimeError):
     pass
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import types as T
 
+from ingest.runtime.errors import BadInput
 from pipeline.state.registry import Deployment
 from pipeline.state.variables import STATE_LAYOUT
 
@@ -46,7 +47,7 @@ class Refusal:
         return f"{where}: {self.rule}: {self.detail}"
 
 
-class StateSchemaError(ValueError):
+class StateSchemaError(BadInput, ValueError):
     """A new deployment's state schemas break a rule; the message lists every refusal."""
 
     def __init__(self, refusals: list[Refusal]) -> None:

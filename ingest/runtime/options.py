@@ -10,8 +10,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ingest.runtime.errors import BadInput
 
-class ConfigError(ValueError):
+
+class ConfigError(BadInput, ValueError):
     pass
 
 
