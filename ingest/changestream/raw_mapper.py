@@ -82,8 +82,8 @@ def _data_change_maker(struct_type: Any) -> Callable[[Values], DataChangeRecord]
             "number_of_records_in_transaction",
         ),
     )
-    column = _positions(_element(struct_type, "column_types"), "column_types", ("name", "type"))
-    mod = _positions(_element(struct_type, "mods"), "mods", ("keys", "new_values", "old_values"))
+    column_types = _column_types_maker(_element(struct_type, "column_types"))
+    mods_of = _mods_maker(_element(struct_type, "mods"))
     commit, sequence, transaction = (
         at["commit_timestamp"],
         at["record_sequence"],
@@ -101,9 +101,34 @@ def _data_change_maker(struct_type: Any) -> Callable[[Values], DataChangeRecord]
     partitions = at.get("number_of_partitions_in_transaction")
     tag = at.get("transaction_tag")
     system = at.get("is_system_transaction")
+    def text(values: Values, position: int | None) -> str:
+        return "" if position is None else values[position].string_value
+
+    def make(values: Values) -> DataChangeRecord:
+        return DataChangeRecord(
+            commit_timestamp=parse_rfc3339(values[commit].string_value),
+            record_sequence=values[sequence].string_value,
+            server_transaction_id=values[transaction].string_value,
+            is_last_record_in_transaction_in_partition=last is not None and values[last].bool_value,
+            table_name=values[table].string_value,
+            column_types=column_types(values[columns]),
+            mods=mods_of(values[mods]),
+            mod_type=values[mod_type].string_value,
+            value_capture_type=text(values, capture),
+            number_of_records_in_transaction=int(values[records_in_transaction].string_value),
+            number_of_partitions_in_transaction=int(text(values, partitions) or 1),
+            transaction_tag=text(values, tag),
+            is_system_transaction=system is not None and values[system].bool_value,
+        )
+
+    return make
+
+
+def _column_types_maker(struct_type: Any) -> Callable[[Any], tuple[ColumnType, ...]]:
+    """Column types repeat for every record of a table: built once per distinct encoding."""
+    column = _positions(struct_type, "column_types", ("name", "type"))
     name, type_ = column["name"], column["type"]
     key, ordinal = column.get("is_primary_key"), column.get("ordinal_position")
-    keys, new_values, old_values = mod["keys"], mod["new_values"], mod["old_values"]
     built: dict[bytes, tuple[ColumnType, ...]] = {}
 
     def column_types(value: Any) -> tuple[ColumnType, ...]:
@@ -124,34 +149,24 @@ def _data_change_maker(struct_type: Any) -> Callable[[Values], DataChangeRecord]
             built[encoded] = made
         return made
 
-    def text(values: Values, position: int | None) -> str:
-        return "" if position is None else values[position].string_value
+    return column_types
 
-    def make(values: Values) -> DataChangeRecord:
-        return DataChangeRecord(
-            commit_timestamp=parse_rfc3339(values[commit].string_value),
-            record_sequence=values[sequence].string_value,
-            server_transaction_id=values[transaction].string_value,
-            is_last_record_in_transaction_in_partition=last is not None and values[last].bool_value,
-            table_name=values[table].string_value,
-            column_types=column_types(values[columns]),
-            mods=tuple(
-                Mod(
-                    _json_object(m[keys].string_value),
-                    _json_object(m[new_values].string_value),
-                    _json_object(m[old_values].string_value),
-                )
-                for m in (item.list_value.values for item in values[mods].list_value.values)
-            ),
-            mod_type=values[mod_type].string_value,
-            value_capture_type=text(values, capture),
-            number_of_records_in_transaction=int(values[records_in_transaction].string_value),
-            number_of_partitions_in_transaction=int(text(values, partitions) or 1),
-            transaction_tag=text(values, tag),
-            is_system_transaction=system is not None and values[system].bool_value,
+
+def _mods_maker(struct_type: Any) -> Callable[[Any], tuple[Mod, ...]]:
+    mod = _positions(struct_type, "mods", ("keys", "new_values", "old_values"))
+    keys, new_values, old_values = mod["keys"], mod["new_values"], mod["old_values"]
+
+    def mods(value: Any) -> tuple[Mod, ...]:
+        return tuple(
+            Mod(
+                _json_object(m[keys].string_value),
+                _json_object(m[new_values].string_value),
+                _json_object(m[old_values].string_value),
+            )
+            for m in (item.list_value.values for item in value.list_value.values)
         )
 
-    return make
+    return mods
 
 
 def _heartbeat_maker(struct_type: Any) -> Callable[[Values], HeartbeatRecord]:

@@ -39,56 +39,67 @@ def to_arrow(
     for chunk in snapshot:
         _append_snapshot_rows(columns, chunk, snapshot_at)
     for transaction in transactions:
-        micros = transaction.commit_timestamp // 1000
-        text = to_rfc3339(transaction.commit_timestamp)
-        date = _date(transaction.commit_timestamp)
-        for record in transaction.records:
-            column_types = column_types_json(record.column_types)
-            for index, mod in enumerate(record.mods):
-                columns["commit_timestamp"].append(micros)
-                columns["commit_timestamp_text"].append(text)
-                columns["server_transaction_id"].append(record.server_transaction_id)
-                columns["record_sequence"].append(record.record_sequence)
-                columns["mod_index"].append(index)
-                columns["table_name"].append(record.table_name)
-                columns["mod_type"].append(record.mod_type)
-                columns["value_capture_type"].append(record.value_capture_type)
-                columns["keys"].append(canonical_json(mod.keys))
-                columns["new_values"].append(canonical_json(mod.new_values))
-                columns["old_values"].append(canonical_json(mod.old_values))
-                columns["column_types"].append(column_types)
-                columns["number_of_records_in_transaction"].append(
-                    record.number_of_records_in_transaction
-                )
-                columns["number_of_partitions_in_transaction"].append(
-                    record.number_of_partitions_in_transaction
-                )
-                columns["transaction_tag"].append(record.transaction_tag)
-                columns["is_system_transaction"].append(record.is_system_transaction)
-                columns["commit_date"].append(date)
+        _append_transaction_rows(columns, transaction)
     for table, watched_columns in sorted((watched or {}).items()):
-        row = {
-            "commit_timestamp": watched_at // 1000,
-            "commit_timestamp_text": to_rfc3339(watched_at),
-            "server_transaction_id": "",
-            "record_sequence": "",
-            "mod_index": 0,
-            "table_name": table,
-            "mod_type": SCHEMA_ROW,
-            "value_capture_type": None,
-            "keys": "",
-            "new_values": "{}",
-            "old_values": "{}",
-            "column_types": column_types_json(watched_columns),
-            "number_of_records_in_transaction": 0,
-            "number_of_partitions_in_transaction": 0,
-            "transaction_tag": "",
-            "is_system_transaction": False,
-            "commit_date": _date(watched_at),
-        }
-        for name, value in row.items():
-            columns[name].append(value)
+        _append_schema_row(columns, table, watched_columns, watched_at)
     return pa.Table.from_pydict(columns, schema=SCHEMA)
+
+
+def _append_transaction_rows(columns: dict[str, list[Any]], transaction: Transaction) -> None:
+    """One row per mod, in record and mod order."""
+    micros = transaction.commit_timestamp // 1000
+    text = to_rfc3339(transaction.commit_timestamp)
+    date = _date(transaction.commit_timestamp)
+    for record in transaction.records:
+        column_types = column_types_json(record.column_types)
+        for index, mod in enumerate(record.mods):
+            columns["commit_timestamp"].append(micros)
+            columns["commit_timestamp_text"].append(text)
+            columns["server_transaction_id"].append(record.server_transaction_id)
+            columns["record_sequence"].append(record.record_sequence)
+            columns["mod_index"].append(index)
+            columns["table_name"].append(record.table_name)
+            columns["mod_type"].append(record.mod_type)
+            columns["value_capture_type"].append(record.value_capture_type)
+            columns["keys"].append(canonical_json(mod.keys))
+            columns["new_values"].append(canonical_json(mod.new_values))
+            columns["old_values"].append(canonical_json(mod.old_values))
+            columns["column_types"].append(column_types)
+            columns["number_of_records_in_transaction"].append(
+                record.number_of_records_in_transaction
+            )
+            columns["number_of_partitions_in_transaction"].append(
+                record.number_of_partitions_in_transaction
+            )
+            columns["transaction_tag"].append(record.transaction_tag)
+            columns["is_system_transaction"].append(record.is_system_transaction)
+            columns["commit_date"].append(date)
+
+
+def _append_schema_row(
+    columns: dict[str, list[Any]], table: str, watched_columns: tuple[ColumnType, ...], at: Nanos
+) -> None:
+    row = {
+        "commit_timestamp": at // 1000,
+        "commit_timestamp_text": to_rfc3339(at),
+        "server_transaction_id": "",
+        "record_sequence": "",
+        "mod_index": 0,
+        "table_name": table,
+        "mod_type": SCHEMA_ROW,
+        "value_capture_type": None,
+        "keys": "",
+        "new_values": "{}",
+        "old_values": "{}",
+        "column_types": column_types_json(watched_columns),
+        "number_of_records_in_transaction": 0,
+        "number_of_partitions_in_transaction": 0,
+        "transaction_tag": "",
+        "is_system_transaction": False,
+        "commit_date": _date(at),
+    }
+    for name, value in row.items():
+        columns[name].append(value)
 
 
 def _append_snapshot_rows(columns: dict[str, list[Any]], chunk: SnapshotChunk, at: Nanos) -> None:
