@@ -11,7 +11,7 @@ import base64
 import datetime as dt
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Context, Decimal
 from typing import Any
 
@@ -281,31 +281,13 @@ def merge_shapes(
     intervals of different labels overlap in time (a column list came back), ``resolve`` finds
     the exact change points from the rows.
     """
-    ordered = sorted(observed, key=lambda interval: interval.last)
-    columns: dict[str, dict[str, ColumnType]] = {}
-    through: dict[str, str] = {}
-    spans: dict[tuple[str, str], list[_Span]] = {}
-    complete: dict[str, list[tuple[Interval, frozenset[str]]]] = {}
-    for interval in ordered:
-        through[interval.table] = max(through.get(interval.table, ""), interval.last)
-        listed = parse_column_types(interval.column_types)
-        source = (interval.column_types, interval.every_column, interval.schema)
-        if not interval.schema:
-            known = columns.setdefault(interval.table, {})
-            for column in listed:
-                known[column.name] = column
-                spans.setdefault((interval.table, column.name), []).append(
-                    _Span(interval.first, interval.last, state_type(column.type), source)
-                )
-        if interval.every_column:
-            names = frozenset(c.name for c in listed)
-            complete.setdefault(interval.table, []).append((interval, names))
+    seen = _Seen.of(observed)
     generations: dict[str, list[tuple[str, tuple[Generation, ...]]]] = {}
     dropped: dict[str, list[tuple[str, str]]] = {}
-    for (table, name), carried in sorted(spans.items()):
+    for (table, name), carried in sorted(seen.spans.items()):
         absent = [
             _Span(i.first, i.last, None, (i.column_types, True, i.schema))
-            for i, names in complete.get(table, [])
+            for i, names in seen.complete.get(table, [])
             if name not in names
         ]
         runs = _runs(carried + absent)
@@ -329,12 +311,44 @@ def merge_shapes(
         table: TableShape(
             table,
             tuple(sorted(cols.values(), key=lambda c: c.ordinal_position)),
-            through[table],
+            seen.through[table],
             tuple(generations.get(table, ())),
             tuple(dropped.get(table, ())),
         )
-        for table, cols in sorted(columns.items())
+        for table, cols in sorted(seen.columns.items())
     }
+
+
+@dataclass(slots=True)
+class _Seen:
+    """What the change log's intervals show, table by table: each column's newest type and
+    when it was carried, when rows listing every column were written, how far each table was
+    read."""
+
+    columns: dict[str, dict[str, ColumnType]] = field(default_factory=dict)
+    through: dict[str, str] = field(default_factory=dict)
+    spans: dict[tuple[str, str], list[_Span]] = field(default_factory=dict)
+    complete: dict[str, list[tuple[Interval, frozenset[str]]]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, observed: Iterable[Interval]) -> _Seen:
+        seen = cls()
+        for interval in sorted(observed, key=lambda interval: interval.last):
+            table = interval.table
+            seen.through[table] = max(seen.through.get(table, ""), interval.last)
+            listed = parse_column_types(interval.column_types)
+            source = (interval.column_types, interval.every_column, interval.schema)
+            if not interval.schema:
+                known = seen.columns.setdefault(table, {})
+                for column in listed:
+                    known[column.name] = column
+                    seen.spans.setdefault((table, column.name), []).append(
+                        _Span(interval.first, interval.last, state_type(column.type), source)
+                    )
+            if interval.every_column:
+                names = frozenset(c.name for c in listed)
+                seen.complete.setdefault(table, []).append((interval, names))
+        return seen
 
 
 def _runs(spans: list[_Span]) -> list[tuple[str, Label]] | None:

@@ -94,19 +94,7 @@ def check_evolution(
     if not history:
         return Evolution(tuple(sorted(new)), (), (), {})
     if history[-1].layout < OLDEST_READABLE_LAYOUT:
-        raise StateSchemaError(
-            [
-                Refusal(
-                    "*",
-                    "",
-                    "state layout changed",
-                    f"the checkpoint was recorded with state layout {history[-1].layout}, this "
-                    f"version reads layouts {OLDEST_READABLE_LAYOUT} to {STATE_LAYOUT} (STRING "
-                    "as bytes, arrays as JSON text); rebuild the mirrors from the change log "
-                    "(docs/operations.md, Replay)",
-                )
-            ]
-        )
+        raise StateSchemaError([_layout_refusal(history[-1].layout)])
     old = history[-1].schemas
     refusals: list[Refusal] = []
     changed, added_fields = [], {}
@@ -122,17 +110,7 @@ def check_evolution(
             added_fields[name] = added
         evolutions = _evolution_count(history, name) + 1
         if evolutions >= limits.per_variable:
-            refusals.append(
-                Refusal(
-                    name,
-                    "",
-                    "evolution limit per variable exceeded",
-                    f"this would be evolution {evolutions} of the variable; with "
-                    f"max_evolutions_per_variable={limits.per_variable} (Spark's "
-                    "spark.sql.streaming.stateStore.valueStateSchemaEvolutionThreshold) Spark "
-                    f"allows {limits.per_variable - 1}",
-                )
-            )
+            refusals.append(_variable_limit_refusal(name, evolutions, limits))
     evolution = Evolution(
         added_variables=tuple(sorted(set(new) - set(old))),
         removed_variables=tuple(sorted(set(old) - set(new))),
@@ -141,20 +119,45 @@ def check_evolution(
     )
     schema_files = len(history) + evolution.is_change
     if schema_files > limits.per_query:
-        refusals.append(
-            Refusal(
-                "*",
-                "",
-                "evolution limit per query exceeded",
-                f"this would be state schema file {schema_files} of the query; with "
-                f"max_evolutions_per_query={limits.per_query} (Spark's "
-                "spark.sql.streaming.stateStore.maxNumStateSchemaFiles) Spark allows "
-                f"{limits.per_query}",
-            )
-        )
+        refusals.append(_query_limit_refusal(schema_files, limits))
     if refusals:
         raise StateSchemaError(refusals)
     return evolution
+
+
+def _layout_refusal(layout: int) -> Refusal:
+    return Refusal(
+        "*",
+        "",
+        "state layout changed",
+        f"the checkpoint was recorded with state layout {layout}, this version reads layouts "
+        f"{OLDEST_READABLE_LAYOUT} to {STATE_LAYOUT} (STRING as bytes, arrays as JSON text); "
+        "rebuild the mirrors from the change log (docs/operations.md, Replay)",
+    )
+
+
+def _variable_limit_refusal(name: str, evolutions: int, limits: Limits) -> Refusal:
+    return Refusal(
+        name,
+        "",
+        "evolution limit per variable exceeded",
+        f"this would be evolution {evolutions} of the variable; with "
+        f"max_evolutions_per_variable={limits.per_variable} (Spark's "
+        "spark.sql.streaming.stateStore.valueStateSchemaEvolutionThreshold) Spark "
+        f"allows {limits.per_variable - 1}",
+    )
+
+
+def _query_limit_refusal(schema_files: int, limits: Limits) -> Refusal:
+    return Refusal(
+        "*",
+        "",
+        "evolution limit per query exceeded",
+        f"this would be state schema file {schema_files} of the query; with "
+        f"max_evolutions_per_query={limits.per_query} (Spark's "
+        "spark.sql.streaming.stateStore.maxNumStateSchemaFiles) Spark allows "
+        f"{limits.per_query}",
+    )
 
 
 def fields_added(old: T.StructType, new: T.StructType) -> tuple[str, ...]:
