@@ -200,47 +200,10 @@ def start_query(
     applied = changes.groupBy("table_name", "keys").transformWithState(
         processor, output_schema(plan.shapes), "Update", "ProcessingTime", initialState=seed
     )
-    app_ids: dict[str, str] = {}
-    retired: list[bool] = []
-
-    def land(batch: Any, batch_id: int) -> None:
-        started = time.monotonic()
-        if "id" not in app_ids:
-            app_ids["id"] = f"{config.job_id}:{checkpoint_id(config.checkpoint_uri)}"
-        with metrics.batch_running():
-            result = write_batch(
-                batch,
-                batch_id,
-                plan.shapes,
-                config.mirror_root,
-                app_ids["id"],
-                log,
-                config.local_merge_max_rows,
-                config.local_merge_max_mb * 1024 * 1024,
-            )
-        offset = cut.batch_end_offset(config.checkpoint_uri, batch_id)
-        if offset is not None:
-            position = cut.Cut(cut.next_version(offset), generation.number, batch_id)
-            cut.record(config.mirror_root, position)
-        if batch_id >= 1 and not retired:
-            retire_replaced(generation, log)
-            retired.append(True)
-        seconds = time.monotonic() - started
-        stats.batches += 1
-        stats.rows_merged += sum(result.rows.values())
-        metrics.batch_landed(result.rows, result.newest_commit)
-        log.info(
-            "pipeline_batch",
-            batch_id=batch_id,
-            rows=result.rows,
-            newest_commit=result.newest_commit,
-            merged_on="driver" if result.merged_on_driver else "spark",
-            bytes=result.bytes,
-            seconds=round(seconds, 3),
-        )
-
     writer = (
-        applied.writeStream.foreachBatch(land)
+        applied.writeStream.foreachBatch(
+            BatchLanding(config, plan, stats, log, metrics, generation)
+        )
         .option("checkpointLocation", config.checkpoint_uri)
         .queryName(config.job_id)
     )
@@ -249,6 +212,65 @@ def start_query(
     else:
         writer = writer.trigger(processingTime=f"{config.trigger_interval_s} seconds")
     return writer.start()
+
+
+class BatchLanding:
+    """Each micro-batch's end: MERGE it into the mirrors, record the mirrors' cut, retire the
+    generation a rebase replaced once this one has committed a batch, and report."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        plan: Plan,
+        stats: JobStats,
+        log: Logger,
+        metrics: PipelineMetrics,
+        generation: Generation,
+    ) -> None:
+        self._config = config
+        self._plan = plan
+        self._stats = stats
+        self._log = log
+        self._metrics = metrics
+        self._generation = generation
+        self._app_id: str | None = None
+        self._retired = False
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        config = self._config
+        started = time.monotonic()
+        if self._app_id is None:
+            self._app_id = f"{config.job_id}:{checkpoint_id(config.checkpoint_uri)}"
+        with self._metrics.batch_running():
+            result = write_batch(
+                batch,
+                batch_id,
+                self._plan.shapes,
+                config.mirror_root,
+                self._app_id,
+                self._log,
+                config.local_merge_max_rows,
+                config.local_merge_max_mb * 1024 * 1024,
+            )
+        offset = cut.batch_end_offset(config.checkpoint_uri, batch_id)
+        if offset is not None:
+            position = cut.Cut(cut.next_version(offset), self._generation.number, batch_id)
+            cut.record(config.mirror_root, position)
+        if batch_id >= 1 and not self._retired:
+            retire_replaced(self._generation, self._log)
+            self._retired = True
+        self._stats.batches += 1
+        self._stats.rows_merged += sum(result.rows.values())
+        self._metrics.batch_landed(result.rows, result.newest_commit)
+        self._log.info(
+            "pipeline_batch",
+            batch_id=batch_id,
+            rows=result.rows,
+            newest_commit=result.newest_commit,
+            merged_on="driver" if result.merged_on_driver else "spark" if result.rows else "-",
+            bytes=result.bytes,
+            seconds=round(time.monotonic() - started, 3),
+        )
 
 
 @contextlib.contextmanager
@@ -322,13 +344,8 @@ def run_pipeline(
             except StateSchemaError as refused:
                 if not only_limits(refused):
                     raise
-                if spark is None:
-                    spark = session_factory()
-                    cleanup.enter_context(_listening(spark, metrics))
-                shapes = discover_shapes(config.changelog_uri)
-                for table, shape in shapes.items():
-                    ensure_mirror(spark, mirror_uri(config.mirror_root, table), shape, log)
-                rebase(spark, config, shapes, log, f"before Spark's limit: {_first_line(refused)}")
+                spark = spark or _session(session_factory, cleanup, metrics)
+                _rebase_before_the_limit(spark, config, refused, log)
                 stats.rebases += 1
                 metrics.rebases.inc()
                 continue
@@ -338,14 +355,8 @@ def run_pipeline(
                     return stats
                 stop.wait(config.trigger_interval_s or 1.0)
                 continue
-            if spark is None:
-                spark = session_factory()
-                cleanup.enter_context(_listening(spark, metrics))
-            for table, shape in plan.shapes.items():
-                ensure_mirror(spark, mirror_uri(config.mirror_root, table), shape, log)
-            undone = roll_back_uncommitted_batch(running.checkpoint_uri)
-            if undone:
-                log.warning("uncommitted_batch_schema_files_removed", files=len(undone))
+            spark = spark or _session(session_factory, cleanup, metrics)
+            _prepare(spark, running, plan.shapes, log)
             if drain.is_set() and config.trigger != "available-now":
                 config = replace(config, trigger="available-now")
                 running = replace(running, trigger="available-now")
@@ -366,11 +377,9 @@ def run_pipeline(
                 if not finishing and drain.is_set() and not stop.is_set():
                     continue
                 break
-            reason = next((m for m in RESTART_MARKERS if m in str(error)), None)
             if stats.batches > batches_at_restart:
                 in_a_row = 0
-            if reason is None or in_a_row >= config.max_restarts:
-                raise PipelineFailed(_with_changelog_version(_first_line(error), config)) from error
+            reason = _restart_reason(error, in_a_row, config)
             stats.restarts += 1
             metrics.restarts.labels(reason).inc()
             in_a_row, batches_at_restart = in_a_row + 1, stats.batches
@@ -381,6 +390,44 @@ def run_pipeline(
                 restarts_in_a_row=in_a_row,
             )
     return stats
+
+
+def _session(
+    session_factory: Callable[[], Any], cleanup: contextlib.ExitStack, metrics: PipelineMetrics
+) -> Any:
+    """The job's Spark session, started on first need and feeding the metrics."""
+    spark = session_factory()
+    cleanup.enter_context(_listening(spark, metrics))
+    return spark
+
+
+def _prepare(
+    spark: Any, config: PipelineConfig, shapes: dict[str, TableShape], log: Logger
+) -> None:
+    """Before a query starts: every mirror exists with its shape; a failed batch's state schema
+    files are undone."""
+    for table, shape in shapes.items():
+        ensure_mirror(spark, mirror_uri(config.mirror_root, table), shape, log)
+    undone = roll_back_uncommitted_batch(config.checkpoint_uri)
+    if undone:
+        log.warning("uncommitted_batch_schema_files_removed", files=len(undone))
+
+
+def _rebase_before_the_limit(
+    spark: Any, config: PipelineConfig, refused: StateSchemaError, log: Logger
+) -> None:
+    shapes = discover_shapes(config.changelog_uri)
+    for table, shape in shapes.items():
+        ensure_mirror(spark, mirror_uri(config.mirror_root, table), shape, log)
+    rebase(spark, config, shapes, log, f"before Spark's limit: {_first_line(refused)}")
+
+
+def _restart_reason(error: BaseException, in_a_row: int, config: PipelineConfig) -> str:
+    """Why a failed query restarts on the same checkpoint; PipelineFailed when it must not."""
+    reason = next((m for m in RESTART_MARKERS if m in str(error)), None)
+    if reason is None or in_a_row >= config.max_restarts:
+        raise PipelineFailed(_with_changelog_version(_first_line(error), config)) from error
+    return reason
 
 
 def _with_changelog_version(line: str, config: PipelineConfig) -> str:

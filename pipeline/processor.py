@@ -166,23 +166,7 @@ class ChangeApplier(StatefulProcessor):
         if shape is None:
             raise SourceSchemaChanged(f"{SOURCE_SCHEMA_CHANGED}: new table {table!r}")
         entry = self._read_entry(table)
-        image, last, stats = entry.image, entry.last, entry.stats
-        applied = None
-        for row in sorted(rows, key=position):
-            if last is not None and position(row) <= last:
-                continue
-            columns = self._columns(row["column_types"])
-            if not self._covers(shape, row, columns):
-                raise SourceSchemaChanged(
-                    f"{SOURCE_SCHEMA_CHANGED}: table {table!r} has new or retyped columns"
-                )
-            deleted = row["mod_type"] in DELETES
-            try:
-                image = None if deleted else self._apply(shape, image, columns, row)
-            except _ValueError as error:
-                raise RowNotApplicable(table, keys_json, row, error.reason) from error
-            stats = _count(stats, row)
-            last, applied = position(row), row
+        image, stats, applied = self._apply_rows(shape, keys_json, rows, entry)
         if applied is None:
             return
         marker = (
@@ -191,32 +175,14 @@ class ChangeApplier(StatefulProcessor):
             applied["record_sequence"],
             applied["mod_index"],
         )
-        entry_state = self.entries[table]
         if image is None:
             if entry.found_in == "entry":
-                entry_state.clear()
+                self.entries[table].clear()
             self.tombstone.update(marker)
             output = self._key_image(shape, keys_json)
             operation = "DELETE"
         else:
-            written = (
-                tuple(image.get(name) for name in self.image_fields[table]),
-                marker,
-                tuple(stats[f] for f in CHANGE_STATS.fieldNames()),
-            )
-            try:
-                entry_state.update(written)
-            except Exception as error:
-                reason = f"state refused the row image: {_first_line(error)}"
-                raise RowNotApplicable(table, keys_json, applied, reason) from error
-            if entry.found_in == "tombstone":
-                self.tombstone.clear()
-            self._check_round_trip(table, image)
-            output = {
-                c.name: None if field is None else mirror_value(c.type, image.get(field))
-                for c in shape.columns
-                for field in [shape.current_field(c)]
-            }
+            output = self._store_image(shape, keys_json, entry, image, stats, applied, marker)
             operation = "UPSERT"
         if entry.found_in == "legacy":
             for name in (row_variable(table), *LEGACY_BOOKKEEPING):
@@ -230,6 +196,61 @@ class ChangeApplier(StatefulProcessor):
             LAST_APPLIED_COLUMN: marker,
         }
         yield Row(*self.output_fields)(*(values.get(name) for name in self.output_fields))
+
+    def _apply_rows(
+        self, shape: TableShape, keys_json: str, rows: Iterator[Row], entry: _Entry
+    ) -> tuple[dict[str, Any] | None, Any, Row | None]:
+        """The key's rows in change-log order onto its entry, skipping what it already applied:
+        the new image (None: deleted), change statistics, and the last row applied."""
+        image, last, stats = entry.image, entry.last, entry.stats
+        applied = None
+        for row in sorted(rows, key=position):
+            if last is not None and position(row) <= last:
+                continue
+            columns = self._columns(row["column_types"])
+            if not self._covers(shape, row, columns):
+                raise SourceSchemaChanged(
+                    f"{SOURCE_SCHEMA_CHANGED}: table {shape.name!r} has new or retyped columns"
+                )
+            deleted = row["mod_type"] in DELETES
+            try:
+                image = None if deleted else self._apply(shape, image, columns, row)
+            except _ValueError as error:
+                raise RowNotApplicable(shape.name, keys_json, row, error.reason) from error
+            stats = _count(stats, row)
+            last, applied = position(row), row
+        return image, stats, applied
+
+    def _store_image(
+        self,
+        shape: TableShape,
+        keys_json: str,
+        entry: _Entry,
+        image: dict[str, Any],
+        stats: Any,
+        applied: Row,
+        marker: tuple[Any, ...],
+    ) -> dict[str, Any]:
+        """Write the key's entry (clearing a tombstone it came back from); the mirror row."""
+        table = shape.name
+        written = (
+            tuple(image.get(name) for name in self.image_fields[table]),
+            marker,
+            tuple(stats[f] for f in CHANGE_STATS.fieldNames()),
+        )
+        try:
+            self.entries[table].update(written)
+        except Exception as error:
+            reason = f"state refused the row image: {_first_line(error)}"
+            raise RowNotApplicable(table, keys_json, applied, reason) from error
+        if entry.found_in == "tombstone":
+            self.tombstone.clear()
+        self._check_round_trip(table, image)
+        return {
+            c.name: None if field is None else mirror_value(c.type, image.get(field))
+            for c in shape.columns
+            for field in [shape.current_field(c)]
+        }
 
     def handleInitialState(self, key: Any, initialState: Row, timerValues: Any) -> None:
         """A rebased generation's first batch: one mirror row becomes the key's entry
