@@ -332,7 +332,7 @@ def run_pipeline(
     drain = drain or threading.Event()
     metrics = metrics or PipelineMetrics()
     stats = JobStats()
-    in_a_row, batches_at_restart = 0, 0
+    restarts = _Restarts()
     lock = CheckpointLock(config.checkpoint_uri, config.lock_stale_s, f"pipeline {config.job_id}")
     with lock, contextlib.ExitStack() as cleanup:
         spark = None
@@ -361,35 +361,68 @@ def run_pipeline(
                 config = replace(config, trigger="available-now")
                 running = replace(running, trigger="available-now")
                 log.info("pipeline_draining")
-            query = start_query(spark, running, plan, stats, log, metrics, generation)
-            metrics.query_started(plan.deployment.number)
-            log.info(
-                "pipeline_query_started",
-                tables=sorted(plan.shapes),
-                generation=generation.number,
-                deployment=plan.deployment.number,
-                guarded_fields={k: list(v) for k, v in plan.guarded_fields.items()},
-            )
             finishing = config.trigger == "available-now"
-            error = _await(query, stop) if finishing else _await(query, stop, drain)
-            metrics.query_ended()
+            interrupts = (stop,) if finishing else (stop, drain)
+            query = start_query(spark, running, plan, stats, log, metrics, generation)
+            error = _watch(query, plan, generation, interrupts, metrics, log)
             if error is None:
                 if not finishing and drain.is_set() and not stop.is_set():
                     continue
                 break
-            if stats.batches > batches_at_restart:
-                in_a_row = 0
-            reason = _restart_reason(error, in_a_row, config)
-            stats.restarts += 1
-            metrics.restarts.labels(reason).inc()
-            in_a_row, batches_at_restart = in_a_row + 1, stats.batches
-            log.warning(
-                "pipeline_query_restarting",
-                reason=reason,
-                restarts=stats.restarts,
-                restarts_in_a_row=in_a_row,
-            )
+            restarts.record(error, stats, config, metrics, log)
     return stats
+
+
+def _watch(
+    query: Any,
+    plan: Plan,
+    generation: Generation,
+    interrupts: tuple[threading.Event, ...],
+    metrics: PipelineMetrics,
+    log: Logger,
+) -> BaseException | None:
+    """A started query until it ends, fails (its error) or is interrupted."""
+    metrics.query_started(plan.deployment.number)
+    log.info(
+        "pipeline_query_started",
+        tables=sorted(plan.shapes),
+        generation=generation.number,
+        deployment=plan.deployment.number,
+        guarded_fields={k: list(v) for k, v in plan.guarded_fields.items()},
+    )
+    error = _await(query, *interrupts)
+    metrics.query_ended()
+    return error
+
+
+@dataclass(slots=True)
+class _Restarts:
+    """Restarts count against ``max_restarts`` only while no batch lands between them."""
+
+    in_a_row: int = 0
+    batches_at_restart: int = 0
+
+    def record(
+        self,
+        error: BaseException,
+        stats: JobStats,
+        config: PipelineConfig,
+        metrics: PipelineMetrics,
+        log: Logger,
+    ) -> None:
+        """Count a restart on the same checkpoint; PipelineFailed when the query must not."""
+        if stats.batches > self.batches_at_restart:
+            self.in_a_row = 0
+        reason = _restart_reason(error, self.in_a_row, config)
+        stats.restarts += 1
+        metrics.restarts.labels(reason).inc()
+        self.in_a_row, self.batches_at_restart = self.in_a_row + 1, stats.batches
+        log.warning(
+            "pipeline_query_restarting",
+            reason=reason,
+            restarts=stats.restarts,
+            restarts_in_a_row=self.in_a_row,
+        )
 
 
 def _session(
