@@ -49,15 +49,15 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from decode_speed import in_place_of, production_record
 from wide_reader import serve
 
-from emulator.local_run import (
+from emulator.local_run import pipeline_process
+from emulator.processes import Process
+from emulator.run_report import (
     landing_marks,
     mirror_latencies,
     percentile,
     pipeline_latencies,
-    pipeline_process,
     visible_at,
 )
-from emulator.processes import Process
 from ingest.changestream.config import ReaderConfig
 from ingest.changestream.reader import ChangeStreamReader
 from ingest.delta.batcher import Batcher

@@ -65,8 +65,9 @@ from tenacity import (
 )
 
 from emulator.bootstrap import bootstrap
-from emulator.local_run import check_mirrors, pipeline_process
+from emulator.local_run import pipeline_process
 from emulator.processes import Process
+from emulator.run_report import check_mirrors
 from emulator.server import emulator, free_port
 from emulator.verify import consistent_past
 from emulator.workload import Workload, WorkloadConfig, load_existing_rows

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator.local_run import freshness, mirror_latencies, pipeline_latencies
+from emulator.run_report import freshness, mirror_latencies, pipeline_latencies
 from ingest.model.timestamps import parse_rfc3339
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -101,6 +101,7 @@ def _data_change_maker(struct_type: Any) -> Callable[[Values], DataChangeRecord]
     partitions = at.get("number_of_partitions_in_transaction")
     tag = at.get("transaction_tag")
     system = at.get("is_system_transaction")
+
     def text(values: Values, position: int | None) -> str:
         return "" if position is None else values[position].string_value
 
