@@ -18,7 +18,7 @@ from ingest.model.records import ColumnType
 from ingest.model.resume import start_point
 from ingest.model.snapshot import Key, SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339
-from ingest.service.snapshot import (
+from ingest.snapshot.initial import (
     Retention,
     SnapshotOutOfReach,
     SnapshotSettings,

@@ -26,8 +26,8 @@ from ingest.model.records import sequence_key
 from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.snapshot import Key, SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
-from ingest.service.snapshot import SnapshotSettings, run_snapshot
-from ingest.service.table_snapshot import TableSnapshots
+from ingest.snapshot.initial import SnapshotSettings, run_snapshot
+from ingest.snapshot.on_demand import TableSnapshots
 from tests.builders import ACCOUNTS, ChangeLog, captured_logger
 
 KEYS = range(8)

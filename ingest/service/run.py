@@ -4,7 +4,7 @@ Start: wait as a standby while another process holds the job's writer lease, the
 newest checkpoint in the table; a new job first commits its start position (the configured
 timestamp, or now) and, unless its snapshot mode is ``never``, the snapshot's T0 (just below the
 start) and tables, so every restart resumes from that same position. Snapshot: land every captured
-table as read at T0 (``ingest.service.snapshot``). Run: the reader releases whole transactions at
+table as read at T0 (``ingest.snapshot.initial``). Run: the reader releases whole transactions at
 each low watermark; the batcher commits them with the checkpoint. Stop on SIGTERM/SIGINT: land what
 is released, commit, exit 0.
 """
@@ -37,7 +37,7 @@ from ingest.model.timestamps import to_rfc3339
 from ingest.service.config import ServiceConfig
 from ingest.service.health import Commits, HealthServer, token_file
 from ingest.service.metrics import IngestMetrics
-from ingest.service.snapshot import (
+from ingest.snapshot.initial import (
     ReadTable,
     Retention,
     SnapshotOutOfReach,
@@ -46,7 +46,7 @@ from ingest.service.snapshot import (
     check_reachable,
     run_snapshot,
 )
-from ingest.service.table_snapshot import TableSnapshots
+from ingest.snapshot.on_demand import TableSnapshots
 from ingest.snapshot.reader import count_rows, read_table
 
 Logger = structlog.typing.FilteringBoundLogger

@@ -21,11 +21,11 @@ from google.api_core import exceptions as api_exceptions
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from ingest.changestream.retries import is_transient
-from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import ColumnType, WatchedColumns
 from ingest.model.snapshot import Key, SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 from ingest.runtime.errors import BadInput
+from ingest.snapshot.commits import SnapshotCommits
 
 Logger = structlog.typing.FilteringBoundLogger
 ReadTable = Callable[[str, tuple[ColumnType, ...], Nanos, Key | None], Iterator[SnapshotChunk]]
@@ -219,7 +219,7 @@ class SnapshotReaders:
 
 
 def run_snapshot(
-    sink: DeltaChangeLogSink,
+    sink: SnapshotCommits,
     progress: SnapshotProgress,
     columns: WatchedColumns,
     read_table: ReadTable,

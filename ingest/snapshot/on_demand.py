@@ -26,12 +26,12 @@ from dataclasses import dataclass, field, replace
 import structlog
 
 from ingest.contract.changelog import DELETE
-from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.encoding import canonical_json
 from ingest.model.records import Transaction, WatchedColumns
 from ingest.model.snapshot import SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import Nanos, to_rfc3339
-from ingest.service.snapshot import (
+from ingest.snapshot.commits import SnapshotCommits
+from ingest.snapshot.initial import (
     AbsentKeys,
     ReadTable,
     SnapshotOutOfReach,
@@ -62,7 +62,7 @@ class TableSnapshots:
 
     def __init__(
         self,
-        sink: DeltaChangeLogSink,
+        sink: SnapshotCommits,
         read_table: ReadTable,
         watched_columns: Callable[[Nanos], WatchedColumns],
         absent_keys: AbsentKeys,
