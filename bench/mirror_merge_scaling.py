@@ -40,8 +40,8 @@ from pipeline.mirror import (
     mirror_struct,
 )
 from pipeline.processor import OPERATION
+from pipeline.shapes import TableShape
 from pipeline.state.variables import row_variable
-from pipeline.types import TableShape
 
 SHAPE = TableShape(
     "accounts",

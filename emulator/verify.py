@@ -26,7 +26,8 @@ from ingest.model.timestamps import NANOS_PER_SECOND, Nanos
 from ingest.model.values import float32
 from pipeline.catalog import scan
 from pipeline.mirror import mirror_uri
-from pipeline.types import TableShape, numeric
+from pipeline.shapes import TableShape
+from pipeline.values import numeric
 
 Key = tuple[Any, ...]
 

@@ -15,14 +15,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from ingest.contract.changelog import CHECKPOINT_KEY, SCHEMA_ROW, from_json
 from ingest.model.timestamps import parse_rfc3339
-from pipeline.types import (
-    EVERY_COLUMN_CAPTURES,
-    Interval,
-    Label,
-    Source,
-    TableShape,
-    merge_shapes,
-)
+from pipeline.shapes import EVERY_COLUMN_CAPTURES, Interval, Label, Source, TableShape, merge_shapes
 
 
 def scan(table: DeltaTable, columns: list[str] | None = None) -> pa.Table:

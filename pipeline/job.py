@@ -34,6 +34,7 @@ from pipeline.processor import (
     output_schema,
 )
 from pipeline.rebase import rebase, retire_replaced
+from pipeline.shapes import TableShape
 from pipeline.state import cut, generations
 from pipeline.state.checkpoint import CheckpointLock, checkpoint_id, roll_back_uncommitted_batch
 from pipeline.state.compatibility import (
@@ -46,7 +47,6 @@ from pipeline.state.compatibility import (
 from pipeline.state.generations import Generation
 from pipeline.state.registry import Deployment, SchemaRegistry
 from pipeline.state.variables import legacy_variables, state_schemas
-from pipeline.types import TableShape
 
 Logger = structlog.typing.FilteringBoundLogger
 RESTART_MARKERS = (SOURCE_SCHEMA_CHANGED, STATE_ROUNDTRIP_MISMATCH, "ConcurrentAppendException")

@@ -41,8 +41,8 @@ from tenacity import (
 )
 
 from pipeline.processor import LAST_APPLIED_COLUMN, OPERATION
+from pipeline.shapes import TableShape
 from pipeline.state.variables import LAST_APPLIED, row_variable
-from pipeline.types import TableShape
 
 Logger = structlog.typing.FilteringBoundLogger
 RETRYABLE_CONFLICTS = (
@@ -66,7 +66,7 @@ def _quoted(name: str) -> str:
 MIRROR_TARGET_FILE_BYTES = 16 * 1024 * 1024
 """Mirror files written by the driver MERGE stay about this size (bench/RESULTS.md, mirror size)."""
 GENERATIONS_PROPERTY = "spanner_cdc.generations"
-"""Mirror table property: the generation each column holds (pipeline.types.Generation)."""
+"""Mirror table property: the generation each column holds (pipeline.shapes.Generation)."""
 
 
 KEYS_COLUMN = "_cdc_keys"

@@ -23,6 +23,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 
 from ingest.contract.changelog import DELETES, SNAPSHOT_DELETE, SNAPSHOT_ROW, parse_column_types
 from ingest.model.records import ColumnType, sequence_key
+from pipeline.shapes import TableShape, lists_every_column
 from pipeline.state.variables import (
     CHANGE_STATS,
     LAST_APPLIED,
@@ -32,14 +33,7 @@ from pipeline.state.variables import (
     entry_variable,
     row_variable,
 )
-from pipeline.types import (
-    TableShape,
-    lists_every_column,
-    mirror_value,
-    spark_value,
-    state_from_seed,
-    state_value,
-)
+from pipeline.values import mirror_value, spark_value, state_from_seed, state_value
 
 SOURCE_SCHEMA_CHANGED = "SOURCE_SCHEMA_CHANGED"
 STATE_ROUNDTRIP_MISMATCH = "STATE_ROUNDTRIP_MISMATCH"

@@ -18,7 +18,7 @@ from emulator.workload import CommittedTransaction
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339, to_rfc3339
 from ingest.model.values import decode_row
 from pipeline.catalog import discover_shapes
-from pipeline.types import TableShape
+from pipeline.shapes import TableShape
 
 TIMESTAMP_COLUMNS = {"updated_at", "created_at", "col_timestamp"}
 

@@ -27,8 +27,8 @@ from ingest.runtime.logs import null_logger
 from pipeline.catalog import scan
 from pipeline.mirror import create_mirror, mirror_struct, mirror_uri, write_batch
 from pipeline.processor import OPERATION, output_schema
+from pipeline.shapes import TableShape
 from pipeline.state.variables import row_variable
-from pipeline.types import TableShape
 
 TABLE = "ck"
 NAMES = ("select", "Order", "from", "key", "AND", "null", "Is", "t", "s", "Group", "distinct")

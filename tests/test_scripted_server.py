@@ -265,7 +265,7 @@ def test_values_the_emulator_loses_reach_mirror_values_at_full_fidelity(serve) -
     """NULL elements the emulator cannot store, non-finite floats it sends as null, and the
     PostgreSQL types: through the real client and reader, then the pipeline's state and mirror
     value rules (the Spark side of them is tested on change logs built by the real sink)."""
-    from pipeline.types import mirror_value, state_value
+    from pipeline.values import mirror_value, state_value
 
     start = parse_rfc3339("2026-01-01T00:00:00.000000001Z")
     commit = parse_rfc3339("2026-01-01T00:00:00.5Z")

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.model.timestamps import to_rfc3339
-from pipeline.types import mirror_value, state_from_seed, state_value
+from pipeline.values import mirror_value, state_from_seed, state_value
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 

@@ -25,6 +25,7 @@ from emulator.verify import canonical
 from ingest.model.records import ColumnType
 from ingest.runtime.options import ConfigError
 from pipeline.config import load as load_pipeline_config
+from pipeline.shapes import Interval, merge_shapes
 from pipeline.state.avro import avro_schema
 from pipeline.state.compatibility import Limits, Refusal, StateSchemaError, check_evolution
 from pipeline.state.registry import Deployment, SchemaRegistry
@@ -35,7 +36,7 @@ from pipeline.state.variables import (
     legacy_variables,
     state_schemas,
 )
-from pipeline.types import Interval, merge_shapes, spark_value
+from pipeline.values import spark_value
 from tests.builders import ChangeLog
 from tests.pipeline_runs import image_of
 

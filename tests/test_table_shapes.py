@@ -15,7 +15,8 @@ from ingest.model.encoding import canonical_json
 from ingest.model.records import ColumnType
 from ingest.model.timestamps import to_rfc3339
 from pipeline.catalog import discover_shapes
-from pipeline.types import Interval, Label, Source, TableShape, merge_shapes, state_type
+from pipeline.shapes import Interval, Label, Source, TableShape, merge_shapes
+from pipeline.types import state_type
 from tests.builders import ChangeLog
 
 ID = {"name": "id", "type": {"code": "INT64"}, "is_primary_key": True, "ordinal_position": 1}

@@ -25,8 +25,9 @@ from pyspark.sql import types as T
 from ingest.model.records import ColumnType
 from pipeline.mirror import KEYS_COLUMN, POSITION_COLUMN, mirror_uri
 from pipeline.processor import LAST_APPLIED_COLUMN
+from pipeline.shapes import TableShape
 from pipeline.state.variables import LAST_APPLIED, row_variable
-from pipeline.types import TableShape, is_mapped, is_timestamp, spark_type
+from pipeline.types import is_mapped, is_timestamp, spark_type
 
 SPELLED_EXACTLY = {"INT64", "ENUM", "STRING", "BYTES", "BOOL", "DATE"}
 """Key types whose change-log spelling a mirror value gives back exactly."""

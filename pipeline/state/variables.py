@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import types as T
 
-from pipeline.types import TableShape
+from pipeline.shapes import TableShape
 
 LAST_APPLIED = T.StructType(
     [
