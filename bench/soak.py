@@ -165,7 +165,9 @@ def tree_rss_mib(pid: int) -> float:
 class Pausable:
     """The database as the workload sees it: its read-write transactions hold ``lock``. The
     emulator refuses DDL while any read-write transaction runs (Cloud Spanner does not), and at
-    10 transactions/s there is seldom a gap, so a schema change takes the lock."""
+    10 transactions/s there is seldom a gap, so a schema change takes the lock; so do the blind
+    writes that follow it, which the emulator otherwise aborts again and again while a transfer
+    waits on the same rows (seen: a 2-minute livelock)."""
 
     def __init__(self, database: Any) -> None:
         self._database = database
@@ -339,7 +341,8 @@ def run(args: argparse.Namespace, work: Path) -> int:
                     columns += 1
                     with pausable.lock:
                         add_column(database, f"soak_c{columns}", kind)
-                    last_own = max(last_own, fill_column(database, f"soak_c{columns}", value))
+                        filled = fill_column(database, f"soak_c{columns}", value)
+                    last_own = max(last_own, filled)
                 elif action == "kill ingest":
                     product.kill("ingest")
                 elif action == "kill pipeline":
