@@ -32,8 +32,6 @@ Usage: python bench/soak.py [--minutes 30] [--rate 10] [--schema-every 60] [--ki
 from __future__ import annotations
 
 import argparse
-import base64
-import datetime as dt
 import json
 import os
 import platform
@@ -46,7 +44,6 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, cast
 
@@ -70,23 +67,11 @@ from emulator.processes import Process
 from emulator.run_report import check_mirrors
 from emulator.server import emulator, free_port
 from emulator.verify import consistent_past
-from emulator.workload import Workload, WorkloadConfig, load_existing_rows
+from emulator.workload import NEW_COLUMN_KINDS, Workload, WorkloadConfig, load_existing_rows
 from ingest.model.timestamps import Nanos, from_datetime, to_rfc3339
 from pipeline.state import cut
 
 ROOT = Path(__file__).resolve().parent.parent
-KINDS: list[tuple[str, Any]] = [
-    ("STRING(MAX)", "text ü"),
-    ("INT64", -(2**63)),
-    ("FLOAT64", 2.5),
-    ("BOOL", True),
-    ("DATE", dt.date(1, 1, 1)),
-    ("TIMESTAMP", dt.datetime(2026, 11, 24, 12, 0, 1, tzinfo=dt.UTC)),
-    ("NUMERIC", Decimal("12345678901234567890.123456789")),
-    ("BYTES(MAX)", base64.b64encode(b"\x00\xff")),
-    ("JSON", json.dumps({"a": [1, None]})),
-    ("ARRAY<INT64>", [1, None, 3]),
-]
 ACCOUNTS = 50
 NAMED_ACCOUNTS = range(10)
 
@@ -337,7 +322,7 @@ def run(args: argparse.Namespace, work: Path) -> int:
                         next_report += 60
                     time.sleep(args.sample_s)
                 if action == "schema":
-                    kind, value = KINDS[columns % len(KINDS)]
+                    kind, value = NEW_COLUMN_KINDS[columns % len(NEW_COLUMN_KINDS)]
                     columns += 1
                     with pausable.lock:
                         add_column(database, f"soak_c{columns}", kind)

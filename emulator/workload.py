@@ -135,6 +135,22 @@ def _now_nanos() -> Nanos:
     return time.time_ns()
 
 
+NEW_COLUMN_KINDS: list[tuple[str, Any]] = [
+    ("STRING(MAX)", "text ü"),
+    ("INT64", -(2**63)),
+    ("FLOAT64", 2.5),
+    ("BOOL", True),
+    ("DATE", dt.date(1, 1, 1)),
+    ("TIMESTAMP", dt.datetime(2026, 11, 24, 12, 0, 1, tzinfo=dt.UTC)),
+    ("NUMERIC", Decimal("12345678901234567890.123456789")),
+    ("BYTES(MAX)", base64.b64encode(b"\x00\xff")),
+    ("JSON", json.dumps({"a": [1, None]})),
+    ("ARRAY<INT64>", [1, None, 3]),
+]
+"""A column type of each kind Spanner has (for ``ALTER TABLE ... ADD COLUMN``) and a value of
+it, as the client takes it: what tests and the soak add to a table while the product runs."""
+
+
 class Workload:
     def __init__(self, database: Database, config: WorkloadConfig) -> None:
         self._database = database

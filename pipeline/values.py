@@ -24,8 +24,7 @@ def spark_value(spanner_type: dict[str, Any], value: Any) -> Any:
         return None
     code = spanner_type.get("code")
     if code == "ARRAY":
-        element = spanner_type.get("array_element_type") or {}
-        decoded = decode_value(spanner_type, value)
+        element, decoded = _array(spanner_type, value)
         return [None if v is None else _scalar(element, v, raw=False) for v in decoded]
     if not is_mapped(spanner_type):
         return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
@@ -38,8 +37,7 @@ def state_value(spanner_type: dict[str, Any], value: Any) -> Any:
         return None
     code = spanner_type.get("code")
     if code == "ARRAY":
-        element = spanner_type.get("array_element_type") or {}
-        decoded = decode_value(spanner_type, value)
+        element, decoded = _array(spanner_type, value)
         return canonical_json(
             [
                 None if d is None else _element_state(element, raw, d)
@@ -49,6 +47,11 @@ def state_value(spanner_type: dict[str, Any], value: Any) -> Any:
     if code == "STRING":
         return value.encode()
     return spark_value(spanner_type, value)
+
+
+def _array(spanner_type: dict[str, Any], value: Any) -> tuple[dict[str, Any], list[Any]]:
+    """An ARRAY value's element type and its elements decoded."""
+    return spanner_type.get("array_element_type") or {}, decode_value(spanner_type, value)
 
 
 def _element_state(element_type: dict[str, Any], raw: Any, decoded: Any) -> Any:

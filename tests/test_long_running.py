@@ -5,15 +5,12 @@ after each step the mirrors equal Spanner at the change log's W. Then the checkp
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import json
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ from deltalake import DeltaTable
 from google.cloud import spanner
 
 from emulator.verify import changelog_watermark
+from emulator.workload import NEW_COLUMN_KINDS
 from ingest.model.timestamps import to_rfc3339
 from pipeline.catalog import version_holding
 from pipeline.mirror import mirror_uri
@@ -30,18 +28,6 @@ from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
 from tests.processes import Pipeline, Service
 
 COLUMNS = 40
-KINDS: list[tuple[str, Any]] = [
-    ("STRING(MAX)", "text ü"),
-    ("INT64", -(2**63)),
-    ("FLOAT64", 2.5),
-    ("BOOL", True),
-    ("DATE", dt.date(1, 1, 1)),
-    ("TIMESTAMP", dt.datetime(2026, 11, 24, 12, 0, 1, tzinfo=dt.UTC)),
-    ("NUMERIC", Decimal("12345678901234567890.123456789")),
-    ("BYTES(MAX)", base64.b64encode(b"\x00\xff")),
-    ("JSON", json.dumps({"a": [1, None]})),
-    ("ARRAY<INT64>", [1, None, 3]),
-]
 
 
 def wait(condition: Any, timeout: float, what: str, *processes: Any) -> None:
@@ -75,7 +61,7 @@ def test_forty_new_columns_while_running_rebase_and_never_stop_the_job(
     try:
         service.wait_for("ingest_started", 1, timeout=120, process=ingest)
         for number in range(1, COLUMNS + 1):
-            kind, value = KINDS[number % len(KINDS)]
+            kind, value = NEW_COLUMN_KINDS[number % len(NEW_COLUMN_KINDS)]
             name = f"c{number}"
             apply_ddl(database, f"ALTER TABLE wide ADD COLUMN {name} {kind}")
             with database.batch() as batch:
