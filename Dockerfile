@@ -13,6 +13,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY runtime runtime
 COPY ingest ingest
 COPY pipeline pipeline
 COPY emulator emulator

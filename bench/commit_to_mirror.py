@@ -64,7 +64,7 @@ from ingest.delta.batcher import Batcher
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import Mod, Transaction
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339
-from ingest.runtime.logs import make_logger
+from runtime.logs import make_logger
 from tests.scripted_spanner import Script, parents_of, scripted_query
 from tests.simulation import Topology, build_wide_topology
 

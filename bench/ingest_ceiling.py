@@ -43,7 +43,7 @@ from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import ChangeRecord, Transaction
 from ingest.model.resume import Release
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339
-from ingest.runtime.logs import make_logger, null_logger
+from runtime.logs import make_logger, null_logger
 from tests.scripted_spanner import Script, scripted_query
 from tests.simulation import Topology, build_wide_topology
 

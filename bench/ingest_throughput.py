@@ -42,7 +42,7 @@ from ingest.changestream.reader import ChangeStreamReader
 from ingest.contract.changelog import PARTITION_COLUMNS
 from ingest.delta import changelog
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
-from ingest.runtime.logs import make_logger
+from runtime.logs import make_logger
 
 WORK = Path(tempfile.mkdtemp(prefix="ingest-bench-"))
 

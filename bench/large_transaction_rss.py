@@ -69,7 +69,7 @@ def land(port: int, table: str) -> None:
     from ingest.changestream.query import ChangeStreamQuery, Dialect
     from ingest.changestream.reader import ChangeStreamReader
     from ingest.delta.sink import DeltaChangeLogSink
-    from ingest.runtime.logs import make_logger
+    from runtime.logs import make_logger
 
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     client = spanner.Client(

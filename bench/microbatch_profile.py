@@ -40,12 +40,12 @@ from pipeline_throughput import MODS_PER_TRANSACTION, available_now, land_change
 
 import pipeline.job
 import pipeline.mirror
-from ingest.runtime.logs import null_logger
 from pipeline.config import PipelineConfig
 from pipeline.job import JobStats, plan_deployment, spark_settings, start_query
 from pipeline.metrics import PipelineMetrics
 from pipeline.mirror import ensure_mirror, mirror_uri
 from pipeline.session import build_session
+from runtime.logs import null_logger
 
 SPARK_PHASES = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "triggerExecution")
 

@@ -37,12 +37,12 @@ from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import Mod
 from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.timestamps import parse_rfc3339
-from ingest.runtime.logs import null_logger
 from pipeline.config import PipelineConfig
 from pipeline.job import JobStats, plan_deployment, spark_settings, start_query
 from pipeline.metrics import PipelineMetrics
 from pipeline.mirror import mirror_uri
 from pipeline.session import build_session
+from runtime.logs import null_logger
 
 START = parse_rfc3339("2026-11-23T00:00:00Z")
 

@@ -41,7 +41,6 @@ from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import ColumnType, DataChangeRecord, Mod, Transaction
 from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
-from ingest.runtime.logs import null_logger
 from pipeline.config import PipelineConfig
 from pipeline.job import JobStats, plan_deployment, read_changes, spark_settings, start_query
 from pipeline.metrics import PipelineMetrics
@@ -49,6 +48,7 @@ from pipeline.mirror import ensure_mirror, mirror_uri, write_batch
 from pipeline.processor import OPERATION, ChangeApplier, output_schema
 from pipeline.session import build_session
 from pipeline.state.variables import row_variable
+from runtime.logs import null_logger
 
 COLUMNS = (
     ColumnType("account_id", {"code": "INT64"}, True, 1),

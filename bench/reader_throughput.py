@@ -35,7 +35,7 @@ from ingest.changestream.reader import ChangeStreamReader
 from ingest.model.records import ChangeRecord, DataChangeRecord
 from ingest.model.resume import Release
 from ingest.model.timestamps import Nanos
-from ingest.runtime.logs import make_logger
+from runtime.logs import make_logger
 
 
 class RecordingSource:

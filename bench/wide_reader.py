@@ -37,7 +37,7 @@ from ingest.changestream.reader import ChangeStreamReader
 from ingest.model.records import ChangeRecord
 from ingest.model.resume import Release
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos
-from ingest.runtime.logs import null_logger
+from runtime.logs import null_logger
 from tests.scripted_spanner import Script, scripted_query
 from tests.simulation import build_wide_topology
 

@@ -9,6 +9,7 @@ FROM ${SPARK_IMAGE}
 USER root
 WORKDIR /opt/spanner-cdc
 COPY pyproject.toml README.md ./
+COPY runtime runtime
 COPY ingest ingest
 COPY pipeline pipeline
 COPY emulator emulator

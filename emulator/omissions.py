@@ -25,8 +25,8 @@ from google.cloud.spanner_v1.database import Database
 from ingest.changestream.config import ReaderConfig
 from ingest.changestream.query import ChangeStreamQuery, Dialect
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
-from ingest.runtime.logs import make_logger
 from ingest.service.audit import stream_digests
+from runtime.logs import make_logger
 
 PRODUCT_DROPPED = "product dropped it"
 EMULATOR_OMITTED = "live query never sent it, re-read has it"

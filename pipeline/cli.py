@@ -17,11 +17,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ingest.runtime.commands import Parser, run_command
-from ingest.runtime.logs import make_logger
-from ingest.runtime.options import ConfigError
 from pipeline import config as config_module
 from pipeline.state.compatibility import StateSchemaError
+from runtime.commands import Parser, run_command
+from runtime.logs import make_logger
+from runtime.options import ConfigError
 
 OPTION_FLAGS = {
     "changelog": "changelog_uri",

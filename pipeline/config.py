@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ingest.runtime.options import choice, identifier, integer, load_options, non_empty, seconds
+from runtime.options import choice, identifier, integer, load_options, non_empty, seconds
 
 CONFIG_FILE_VARIABLE = "PIPELINE_CONFIG_FILE"
 

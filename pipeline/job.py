@@ -20,7 +20,6 @@ from typing import Any
 import structlog
 from pyspark.sql import types as T
 
-from ingest.runtime.errors import ReportedError
 from pipeline.catalog import discover_shapes, version_holding
 from pipeline.config import PipelineConfig
 from pipeline.metrics import PipelineMetrics
@@ -47,6 +46,7 @@ from pipeline.state.compatibility import (
 from pipeline.state.generations import Generation
 from pipeline.state.registry import Deployment, SchemaRegistry
 from pipeline.state.variables import legacy_variables, state_schemas
+from runtime.errors import ReportedError
 
 Logger = structlog.typing.FilteringBoundLogger
 RESTART_MARKERS = (SOURCE_SCHEMA_CHANGED, STATE_ROUNDTRIP_MISMATCH, "ConcurrentAppendException")

@@ -18,13 +18,13 @@ from deltalake import DeltaTable
 
 from ingest.contract.changelog import newest_checkpoint
 from ingest.model.timestamps import to_rfc3339
-from ingest.runtime.errors import BadInput
 from pipeline.config import PipelineConfig
 from pipeline.shapes import TableShape
 from pipeline.state import cut, generations
 from pipeline.state.checkpoint import committed_batches
 from pipeline.state.generations import Generation
 from pipeline.state.seed import SeedRefused, write_seed
+from runtime.errors import BadInput
 
 Logger = structlog.typing.FilteringBoundLogger
 

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from pyspark.sql import types as T
 
-from ingest.runtime.logs import null_logger
 from pipeline import job
 from pipeline.config import PipelineConfig
 from pipeline.job import run_pipeline, spark_settings
 from pipeline.mirror import mirror_uri
 from pipeline.session import build_session
+from runtime.logs import null_logger
 from tests.builders import ChangeLog
 
 

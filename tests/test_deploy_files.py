@@ -185,9 +185,9 @@ def exported_metric_names() -> set[str]:
     from ingest.changestream.config import ReaderConfig
     from ingest.changestream.reader import ChangeStreamReader
     from ingest.model.snapshot import SnapshotProgress
-    from ingest.runtime.logs import null_logger
     from ingest.service.metrics import IngestMetrics
     from pipeline.metrics import PipelineMetrics
+    from runtime.logs import null_logger
 
     metrics = IngestMetrics()
     metrics.sources.reader = ChangeStreamReader(

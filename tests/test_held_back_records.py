@@ -25,7 +25,7 @@ from ingest.model.records import Transaction
 from ingest.model.resume import Release
 from ingest.model.timestamps import NANOS_PER_SECOND, to_rfc3339
 from ingest.rules.assembler import IncompleteTransactionError
-from ingest.runtime.logs import null_logger
+from runtime.logs import null_logger
 from tests.scripted_spanner import Script, parents_of, scripted_query, start_server
 from tests.simulation import Topology, build_wide_topology
 

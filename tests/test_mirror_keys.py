@@ -23,12 +23,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ingest.model.records import ColumnType
-from ingest.runtime.logs import null_logger
 from pipeline.catalog import scan
 from pipeline.mirror import create_mirror, mirror_struct, mirror_uri, write_batch
 from pipeline.processor import OPERATION, output_schema
 from pipeline.shapes import TableShape
 from pipeline.state.variables import row_variable
+from runtime.logs import null_logger
 
 TABLE = "ck"
 NAMES = ("select", "Order", "from", "key", "AND", "null", "Is", "t", "s", "Group", "distinct")

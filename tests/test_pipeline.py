@@ -19,7 +19,6 @@ from deltalake import DeltaTable, write_deltalake
 from ingest.delta import changelog as changelog_rows
 from ingest.model.records import ColumnType
 from ingest.model.timestamps import parse_rfc3339
-from ingest.runtime.logs import null_logger
 from pipeline import catalog as pipeline_catalog
 from pipeline import job
 from pipeline.catalog import discover_shapes, scan
@@ -29,6 +28,7 @@ from pipeline.mirror import mirror_uri, write_batch
 from pipeline.processor import output_schema
 from pipeline.state.checkpoint import CheckpointInUse, CheckpointLock, checkpoint_id
 from pipeline.state.registry import SchemaRegistry
+from runtime.logs import null_logger
 from tests.builders import ACCOUNTS, START, ChangeLog
 from tests.pipeline_runs import configure, image_of, mirror_rows, processed_three_ways, run
 

@@ -25,7 +25,7 @@ from ingest.model.records import (
 from ingest.model.resume import Release
 from ingest.model.timestamps import Nanos, to_rfc3339
 from ingest.rules.partitions import INITIAL_PARTITION
-from ingest.runtime.logs import null_logger
+from runtime.logs import null_logger
 from tests.builders import captured_logger
 from tests.builders import record as data_record
 from tests.simulation import Topology, build_topology, records_from

@@ -12,12 +12,12 @@ from pathlib import Path
 from deltalake import DeltaTable
 
 from ingest.model.records import ColumnType
-from ingest.runtime.logs import null_logger
 from pipeline.config import PipelineConfig
 from pipeline.mirror import KEYS_COLUMN, POSITION_COLUMN, mirror_uri
 from pipeline.rebase import rebase_on_demand
 from pipeline.state import cut, generations
 from pipeline.state.registry import SchemaRegistry
+from runtime.logs import null_logger
 from tests.builders import ChangeLog
 from tests.pipeline_runs import configure, mirror_rows, run
 

@@ -23,7 +23,6 @@ from pyspark.sql import types as T
 
 from emulator.verify import canonical
 from ingest.model.records import ColumnType
-from ingest.runtime.options import ConfigError
 from pipeline.config import load as load_pipeline_config
 from pipeline.shapes import Interval, merge_shapes
 from pipeline.state.avro import avro_schema
@@ -37,6 +36,7 @@ from pipeline.state.variables import (
     state_schemas,
 )
 from pipeline.values import spark_value
+from runtime.options import ConfigError
 from tests.builders import ChangeLog
 from tests.pipeline_runs import image_of
 

@@ -17,7 +17,7 @@ from ingest.changestream.retries import RetryPolicy
 from ingest.model.records import Transaction
 from ingest.model.resume import Release, ResumePoint
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos
-from ingest.runtime.logs import null_logger
+from runtime.logs import null_logger
 from tests.scripted_spanner import Script, parents_of, scripted_query, start_server
 from tests.simulation import build_wide_topology, mutable_key_range_streams
 

@@ -20,7 +20,7 @@ from google.cloud.spanner_v1.database import Database
 from ingest.changestream import mapper, proto_mapper, raw_mapper
 from ingest.model.records import ChangeRecord
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_datetime, to_rfc3339
-from ingest.runtime.errors import BadInput
+from runtime.errors import BadInput
 
 MIN_HEARTBEAT_MS = 100
 MAX_HEARTBEAT_MS = 300_000

@@ -34,7 +34,7 @@ from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 from ingest.rules.coordinator import Coordinator
 from ingest.rules.turns import Turns
 from ingest.rules.watchdog import Watchdog
-from ingest.runtime.errors import ReportedError
+from runtime.errors import ReportedError
 
 Logger = structlog.typing.FilteringBoundLogger
 EVENT_QUEUE_SIZE = 512

@@ -36,8 +36,8 @@ from ingest.model.records import Transaction as SpannerTransaction
 from ingest.model.resume import ResumePoint, start_point
 from ingest.model.snapshot import SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import Nanos
-from ingest.runtime.errors import ReportedError
-from ingest.runtime.logs import null_logger
+from runtime.errors import ReportedError
+from runtime.logs import null_logger
 
 TABLE_CONFIGURATION = {"delta.appendOnly": "true"}
 

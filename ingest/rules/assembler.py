@@ -15,8 +15,8 @@ import structlog
 
 from ingest.model.records import DataChangeRecord, Transaction, sequence_key
 from ingest.model.timestamps import Nanos, to_rfc3339
-from ingest.runtime.errors import ReportedError
-from ingest.runtime.logs import null_logger
+from runtime.errors import ReportedError
+from runtime.logs import null_logger
 
 _RECORD_OVERHEAD_BYTES = 512
 

@@ -22,7 +22,7 @@ from ingest.model.records import (
 )
 from ingest.model.resume import ResumablePartition, ResumablePartitions
 from ingest.model.timestamps import Nanos, to_rfc3339
-from ingest.runtime.logs import null_logger
+from runtime.logs import null_logger
 
 INITIAL_PARTITION = ""
 """Token under which the initial query (``partition_token => NULL``) is tracked."""

@@ -36,7 +36,7 @@ from ingest.delta.changelog import to_arrow
 from ingest.model.encoding import canonical_json
 from ingest.model.resume import Release
 from ingest.model.timestamps import Nanos, to_rfc3339
-from ingest.runtime.errors import BadInput
+from runtime.errors import BadInput
 
 COMPARED = (
     "commit_timestamp_text",

@@ -19,7 +19,7 @@ from ingest.changestream.query import (
     validate_query_window,
 )
 from ingest.model.timestamps import Nanos, parse_rfc3339
-from ingest.runtime.options import (
+from runtime.options import (
     ConfigError,
     choice,
     identifier,

@@ -24,8 +24,8 @@ from ingest.changestream.retries import is_transient
 from ingest.model.records import ColumnType, WatchedColumns
 from ingest.model.snapshot import Key, SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
-from ingest.runtime.errors import BadInput
 from ingest.snapshot.commits import SnapshotCommits
+from runtime.errors import BadInput
 
 Logger = structlog.typing.FilteringBoundLogger
 ReadTable = Callable[[str, tuple[ColumnType, ...], Nanos, Key | None], Iterator[SnapshotChunk]]

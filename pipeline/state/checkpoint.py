@@ -21,8 +21,8 @@ from pathlib import Path
 
 from pyarrow import fs as pafs
 
-from ingest.runtime.errors import BadInput
 from pipeline.state.registry import filesystem_for
+from runtime.errors import BadInput
 
 LOCK_FILE = "_job_lock.json"
 

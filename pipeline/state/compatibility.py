@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from pyspark.sql import types as T
 
-from ingest.runtime.errors import BadInput
 from pipeline.state.registry import Deployment
 from pipeline.state.variables import STATE_LAYOUT
+from runtime.errors import BadInput
 
 OLDEST_READABLE_LAYOUT = 2
 """Layout 2 state moves into layout 3 entries key by key (pipeline.state.variables); layout 1

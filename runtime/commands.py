@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import NoReturn, TextIO
 
-from ingest.runtime.errors import BadInput, ReportedError
+from runtime.errors import BadInput, ReportedError
 
 
 class UsageError(BadInput):

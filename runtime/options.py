@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ingest.runtime.errors import BadInput
+from runtime.errors import BadInput
 
 
 class ConfigError(BadInput, ValueError):
