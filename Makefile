@@ -23,12 +23,12 @@ jars: .jars/.fetched
 	touch .jars/.fetched
 
 test: venv jars
-	$(PY) -m ruff check ingest pipeline emulator tests bench
+	$(PY) -m ruff check runtime ingest pipeline emulator tests bench
 	$(PY) -m mypy
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 lint: venv
-	$(PY) -m ruff check ingest pipeline emulator tests bench
+	$(PY) -m ruff check runtime ingest pipeline emulator tests bench
 	$(PY) -m mypy
 
 # The whole product on one machine: emulator, sample database, workload, ingest service and
