@@ -1,2 +1,3 @@
-"""Spanner side: the change stream query (DAO), the row mapper of both dialects, retries, the
-threaded reader, and the watched columns read from information_schema."""
+"""Spanner side: the Spanner side of a job opened once, the change stream query (DAO), the row
+mappers of both dialects and partition modes, retries, the threaded reader (a coordinator and
+its partition workers), and the watched columns read from information_schema."""

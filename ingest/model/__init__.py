@@ -1,2 +1,3 @@
-"""Plain records and the helpers every stage shares: change records and transactions, column
-values, timestamps, canonical JSON, option parsing and logs. Imports nothing else of ``ingest``."""
+"""Plain records every stage shares: change records and transactions, column values,
+timestamps, canonical JSON, snapshot progress, resume points. Imports nothing else of the
+product."""
