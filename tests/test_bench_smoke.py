@@ -80,6 +80,8 @@ def test_the_bench_script_runs_at_smoke_size(name: str) -> None:
 
 def test_every_bench_script_has_a_smoke_run() -> None:
     from tests.test_bench_smoke_spark import SPARK_SCRIPTS
+    from tests.test_soak_smoke import SCRIPT as SOAK
 
     scripts = {p.name for p in BENCH.glob("*.py")}
-    assert scripts == set(SCRIPTS) | set(SPARK_SCRIPTS), "a bench script without a smoke run"
+    smoked = set(SCRIPTS) | set(SPARK_SCRIPTS) | {SOAK}
+    assert scripts == smoked, "a bench script without a smoke run"

@@ -8,6 +8,7 @@ import pytest
 
 from tests.test_bench_smoke import assert_figures, run_script
 
+SCRIPT = "soak.py"
 ARGS = [
     *("--minutes", "1.5", "--rate", "5", "--schema-every", "20", "--kill-every", "40"),
     *("--calm-minutes", "0.5", "--max-evolutions", "1", "--existing-rows", "100"),
@@ -24,4 +25,4 @@ FIGURES = (
 
 @pytest.mark.emulator
 def test_the_soak_runs_at_smoke_size() -> None:
-    assert_figures("soak.py", run_script("soak.py", ARGS, timeout=900), FIGURES)
+    assert_figures(SCRIPT, run_script(SCRIPT, ARGS, timeout=900), FIGURES)
