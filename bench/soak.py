@@ -437,6 +437,11 @@ def report(
         print(f"#   {line}")
     equal = "yes" if mirrors.passed else "NO"
     print(f"mirrors equal to Spanner at W: {equal}")
+    samples = {
+        kind: [{"started_s": life.started, "samples": life.samples} for life in lives]
+        for kind, lives in product.lives.items()
+    }
+    (work / "rss_samples.json").write_text(json.dumps(samples))
     print(json.dumps({"work": str(work), "memory": figures}))
     return 0 if mirrors.passed and audited.returncode == 0 else 1
 
