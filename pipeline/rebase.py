@@ -35,18 +35,17 @@ class RebaseRefused(BadInput, RuntimeError):
 
 def starting_version(config: PipelineConfig, running: Generation) -> int:
     """The first change-log version the mirrors do not wholly hold: the cut recorded beside
-    them, else the running generation's last committed batch."""
+    them, else the running generation's last committed batch, else where the running generation
+    started (it never committed a batch: a job killed before its first one, or stopped by a
+    limit before it). Every mirror row carries its position, so starting early only reads again
+    what the seed already holds."""
     recorded = cut.read(config.mirror_root)
     if recorded is not None:
         return recorded.starting_version
     batches = committed_batches(running.uri)
     offset = cut.batch_end_offset(running.uri, max(batches)) if batches else None
     if offset is None:
-        raise RebaseRefused(
-            f"rebase refused: the mirrors under {config.mirror_root} record no cut "
-            f"({cut.CUT_FILE}, written after every batch) and the checkpoint has no committed "
-            "batch; run the job once, or replay the change log into a new checkpoint"
-        )
+        return running.starting_version or 0
     return cut.next_version(offset)
 
 

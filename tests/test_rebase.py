@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 from ingest.model.records import ColumnType
 from pipeline.config import PipelineConfig
 from pipeline.mirror import KEYS_COLUMN, POSITION_COLUMN, mirror_uri
-from pipeline.rebase import rebase_on_demand
+from pipeline.rebase import rebase_on_demand, starting_version
 from pipeline.state import cut, generations
 from pipeline.state.registry import SchemaRegistry
 from runtime.logs import null_logger
@@ -111,3 +111,18 @@ def test_a_lost_checkpoint_is_rebased_from_the_mirrors_without_replaying_history
     assert stats.batches == 1, "only what came after the cut is read"
     before[1]["balance"] = 1
     assert mirror_rows(spark, config) == before
+
+
+def test_a_generation_that_never_committed_a_batch_is_rebased_from_where_it_started(
+    tmp_path: Path,
+) -> None:
+    """A job killed before its first batch, then stopped by Spark's limit, holds no cut and no
+    committed batch: the next generation starts where the running one did (the change log's
+    start for the first), never refused (the soak's smoke run met it)."""
+    config = configure(tmp_path)
+    first = generations.current(config.checkpoint_uri)
+    assert starting_version(config, first) == 0
+    rebased = generations.Generation(3, f"{config.checkpoint_uri}/generation-0003", 7)
+    assert starting_version(config, rebased) == 7
+    cut.record(config.mirror_root, cut.Cut(11, 3, 0))
+    assert starting_version(config, rebased) == 11
