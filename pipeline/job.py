@@ -32,7 +32,7 @@ from pipeline.processor import (
     ChangeApplier,
     output_schema,
 )
-from pipeline.rebase import rebase, retire_replaced
+from pipeline.rebase import rebase_from_the_changelog, retire_replaced
 from pipeline.shapes import TableShape
 from pipeline.state import cut, generations
 from pipeline.state.checkpoint import CheckpointLock, checkpoint_id, roll_back_uncommitted_batch
@@ -345,7 +345,8 @@ def run_pipeline(
                 if not only_limits(refused):
                     raise
                 spark = spark or _session(session_factory, cleanup, metrics)
-                _rebase_before_the_limit(spark, config, refused, log)
+                reason = f"before Spark's limit: {_first_line(refused)}"
+                rebase_from_the_changelog(spark, config, log, reason)
                 stats.rebases += 1
                 metrics.rebases.inc()
                 continue
@@ -444,15 +445,6 @@ def _prepare(
     undone = roll_back_uncommitted_batch(config.checkpoint_uri)
     if undone:
         log.warning("uncommitted_batch_schema_files_removed", files=len(undone))
-
-
-def _rebase_before_the_limit(
-    spark: Any, config: PipelineConfig, refused: StateSchemaError, log: Logger
-) -> None:
-    shapes = discover_shapes(config.changelog_uri)
-    for table, shape in shapes.items():
-        ensure_mirror(spark, mirror_uri(config.mirror_root, table), shape, log)
-    rebase(spark, config, shapes, log, f"before Spark's limit: {_first_line(refused)}")
 
 
 def _restart_reason(error: BaseException, in_a_row: int, config: PipelineConfig) -> str:

@@ -98,21 +98,29 @@ def rebase(
 def rebase_on_demand(
     config: PipelineConfig, log: Logger, session_factory: Callable[[], Any], reason: str
 ) -> Generation:
-    """``python -m pipeline rebase``: under the job's lock (the job must not run), bring the
-    mirrors to the change log's table shapes and seed the next generation from them."""
+    """``python -m pipeline rebase``: under the job's lock (the job must not run), the same
+    rebase as the job's own (``rebase_from_the_changelog``)."""
+    from pipeline.state.checkpoint import CheckpointLock
+
+    lock = CheckpointLock(config.checkpoint_uri, config.lock_stale_s, f"rebase {config.job_id}")
+    with lock:
+        return rebase_from_the_changelog(session_factory(), config, log, reason)
+
+
+def rebase_from_the_changelog(
+    spark: Any, config: PipelineConfig, log: Logger, reason: str
+) -> Generation:
+    """Bring the mirrors to the change log's table shapes, then seed the next generation from
+    them."""
     from pipeline.catalog import discover_shapes
     from pipeline.mirror import ensure_mirror, mirror_uri
-    from pipeline.state.checkpoint import CheckpointLock
 
     shapes = discover_shapes(config.changelog_uri)
     if not shapes:
         raise RebaseRefused("rebase refused: the change log holds no table yet")
-    lock = CheckpointLock(config.checkpoint_uri, config.lock_stale_s, f"rebase {config.job_id}")
-    with lock:
-        spark = session_factory()
-        for table, shape in shapes.items():
-            ensure_mirror(spark, mirror_uri(config.mirror_root, table), shape, log)
-        return rebase(spark, config, shapes, log, reason)
+    for table, shape in shapes.items():
+        ensure_mirror(spark, mirror_uri(config.mirror_root, table), shape, log)
+    return rebase(spark, config, shapes, log, reason)
 
 
 def retire_replaced(running: Generation, log: Logger) -> None:

@@ -19,7 +19,9 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def one_line(text: object) -> str:
+def one_line(error: object) -> str:
+    """An error's text on one line; a Google API error's own message, without its code."""
+    text = getattr(error, "message", None) or str(error)
     return " ".join(str(text).split())
 
 

@@ -211,13 +211,13 @@ def test_a_clean_close_proves_only_what_had_settled_when_the_query_began() -> No
 def test_the_watchdog_finds_a_lone_silent_partition_and_forgets_it_once_it_moves() -> None:
     now = [0.0]
     watchdog = Watchdog(heartbeat_s=1.0, stuck_after_heartbeats=10, clock=lambda: now[0])
-    assert watchdog.stuck({"p": 0.0}) == []
+    assert watchdog.stuck([("p", 0.0)]) == []
     now[0] = 10.5
-    assert watchdog.stuck({"p": 0.0, "q": None}) == [("p", 10.5)]
+    assert watchdog.stuck([("p", 0.0), ("q", None)]) == [("p", 10.5)]
     now[0] = 10.7
-    assert watchdog.stuck({"p": 0.0}) == [], "looked at every half heartbeat"
+    assert watchdog.stuck([("p", 0.0)]) == [], "looked at every half heartbeat"
     now[0] = 11.2
-    assert watchdog.stuck({"p": 0.0}) == [("p", 11.2)]
+    assert watchdog.stuck([("p", 0.0)]) == [("p", 11.2)]
     assert (watchdog.restarts_in_a_row("p"), watchdog.most_restarts_in_a_row) == (2, 2)
     assert (watchdog.stuck_partitions, watchdog.restarts_total) == (1, 2)
     watchdog.moved("p")

@@ -79,8 +79,8 @@ class ChangeStreamReader:
             self._emit,
             Clocks(wall_clock, monotonic, sleep),
             self._generations.get,
+            self._count_retry,
         )
-        self._workers.on_retry = self._count_retry
         self._records_read = 0
         self._retries: collections.Counter[str] = collections.Counter()
         self._retries_lock = threading.Lock()
@@ -152,7 +152,7 @@ class ChangeStreamReader:
         self._workers.start(token, start, progress, self._generations[token])
 
     def _restart_stuck_partitions(self) -> None:
-        waiting = {token: progress.waiting_since for token, progress in self._running.items()}
+        waiting = ((token, progress.waiting_since) for token, progress in self._running.items())
         for token, seconds in self.watchdog.stuck(waiting):
             partition = self.tracker.partition(token)
             self._log.warning(
@@ -168,7 +168,7 @@ class ChangeStreamReader:
             self._generations[token] += 1
             self._start_worker(token, partition.start_timestamp, partition.watermark)
 
-    def _count_retry(self, _token: str, error: BaseException | None) -> None:
+    def _count_retry(self, error: BaseException | None) -> None:
         with self._retries_lock:
             self._retries[type(error).__name__] += 1
 

@@ -89,6 +89,7 @@ class Workers:
         emit: Callable[[Event], None],
         clocks: Clocks,
         generation_of: Callable[[str], int | None],
+        on_retry: Callable[[BaseException | None], None],
     ) -> None:
         self.source = source
         self.config = config
@@ -100,7 +101,7 @@ class Workers:
         self.turn_wanted = threading.Event()
         """Set while a partition waits for a turn: reading turns hand theirs back."""
         self.gate = BackpressureGate(self.turn_wanted)
-        self.on_retry: Callable[[str, BaseException | None], None] = lambda _token, _error: None
+        self._on_retry = on_retry
 
     def start(self, token: str, start: Nanos, progress: Progress, generation: int) -> None:
         threading.Thread(
@@ -151,7 +152,7 @@ class Workers:
 
     def _retried(self, token: str, state: RetryCallState, start: Nanos, watermark: Nanos) -> None:
         error = state.outcome.exception() if state.outcome else None
-        self.on_retry(token, error)
+        self._on_retry(error)
         self.log.warning(
             "partition_query_retry",
             partition_token=token,

@@ -10,7 +10,7 @@ Pure: the clock is injected and the caller says since when each partition has wa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable
 
 
 class Watchdog:
@@ -24,18 +24,19 @@ class Watchdog:
         self._restarts: dict[str, int] = {}
         self.restarts_total = 0
 
-    def stuck(self, waiting_since: Mapping[str, float | None]) -> list[tuple[str, float]]:
+    def stuck(self, waiting_since: Iterable[tuple[str, float | None]]) -> list[tuple[str, float]]:
         """The partitions silent past the limit, with their seconds of silence, each counted as
-        restarted; looked at every half heartbeat. ``waiting_since``: per running partition,
-        since when (the injected clock) its reader waits on the stream, None while it does
-        anything else (applies a record, waits for backpressure, backs off)."""
+        restarted; looked at every half heartbeat (``waiting_since`` is not read in between).
+        ``waiting_since``: per running partition, since when (the injected clock) its reader
+        waits on the stream, None while it does anything else (applies a record, waits for
+        backpressure, backs off)."""
         now = self._clock()
         if now < self._next_check:
             return []
         self._next_check = now + self._heartbeat_s / 2
         silent = [
             (token, now - since)
-            for token, since in waiting_since.items()
+            for token, since in waiting_since
             if since is not None and now - since > self._limit_s
         ]
         for token, _ in silent:

@@ -82,8 +82,9 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
     if stop.is_set():
         return 0
     sink.continue_after(checkpoint)
+    expected: int | None = None
     if checkpoint is None:
-        resume, snapshot = _start_job(opened, config, sink, log)
+        resume, snapshot, expected = _start_job(opened, config, sink, log)
     else:
         resume, snapshot = _resume_job(config, checkpoint, log)
     metrics = IngestMetrics()
@@ -94,7 +95,7 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
     try:
         if snapshot is not None and not snapshot.complete:
             snapshot = _snapshot(
-                opened, config, snapshot, sink, log, stop, health, snapshot_commits
+                opened, config, snapshot, expected, sink, log, stop, health, snapshot_commits
             )
             if not snapshot.complete:
                 log.info("ingest_stopped", reason="stopped during the snapshot")
@@ -113,24 +114,24 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
 
 def _start_job(
     opened: OpenedStream, config: ServiceConfig, sink: DeltaChangeLogSink, log: Logger
-) -> tuple[ResumePoint, SnapshotProgress | None]:
+) -> tuple[ResumePoint, SnapshotProgress | None, int | None]:
     """Record a new job's start, refused at once if the stream cannot be read from there or a
-    snapshot could not finish within retention."""
+    snapshot could not finish within retention; with its snapshot's rows at T0, when counted."""
     now = time.time_ns()
     start = query.validate_start(config.start_timestamp or now, now, opened.info)
     opened.query().check_readable_from(start)
     resume = start_point(start)
     snapshot = None
+    expected = None
     if SnapshotMode(config.snapshot_mode) is not SnapshotMode.NEVER:
         read_at = resume.low_watermark
-        check_reachable(read_at, now, opened.version_retention())
+        retention = _retention(opened)
+        check_reachable(read_at, now, retention.version_retention)
         tables = read_watched_columns(opened.database, config.stream, opened.dialect, read_at)
         snapshot = SnapshotProgress.begin(read_at, list(tables))
         expected = _expected_rows(opened, config, snapshot)
         if expected is not None:
-            end = check_fits_retention(
-                read_at, expected, config.snapshot_rows_per_s, _retention(opened)
-            )
+            end = check_fits_retention(read_at, expected, config.snapshot_rows_per_s, retention)
             log.info("snapshot_estimated", rows=expected, expected_end=to_rfc3339(end))
     sink.start_job(start, snapshot)
     log.info(
@@ -138,7 +139,7 @@ def _start_job(
         job_start=to_rfc3339(start),
         snapshot_read_timestamp=to_rfc3339(snapshot.read_timestamp) if snapshot else None,
     )
-    return resume, snapshot
+    return resume, snapshot, expected
 
 
 def _resume_job(
@@ -284,6 +285,7 @@ def _snapshot(
     opened: OpenedStream,
     config: ServiceConfig,
     progress: SnapshotProgress,
+    expected: int | None,
     sink: DeltaChangeLogSink,
     log: Logger,
     stop: threading.Event,
@@ -291,12 +293,14 @@ def _snapshot(
     commits: Commits,
 ) -> SnapshotProgress:
     """Land the tables the snapshot has not finished; refused once T0 is out of reach, and a
-    read that fails past that deadline says so."""
+    read that fails past that deadline says so. ``expected``: its rows at T0, when the job's
+    start just counted them (a resumed job counts them here)."""
     read_at = progress.read_timestamp
     retention = _retention(opened)
     check_reachable(read_at, time.time_ns(), retention.version_retention)
     deadline = read_at + retention.limit
-    expected = _expected_rows(opened, config, progress)
+    if expected is None:
+        expected = _expected_rows(opened, config, progress)
     log.info(
         "snapshot_started",
         read_timestamp=to_rfc3339(read_at),
