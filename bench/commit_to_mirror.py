@@ -50,7 +50,7 @@ from decode_speed import in_place_of, production_record
 from wide_reader import serve
 
 from emulator.local_run import pipeline_process
-from emulator.processes import Process
+from emulator.processes import Process, process_tree
 from emulator.run_report import (
     landing_marks,
     mirror_latencies,
@@ -115,16 +115,12 @@ def inserting_topology(
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of a process and its live descendants (the pipeline's JVM)."""
     total = 0.0
-    pending = [pid]
-    while pending:
-        current = pending.pop()
+    for current in process_tree(pid):
         try:
             fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
-            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
         except OSError:
             continue
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        pending.extend(int(child) for child in children)
     return total
 
 

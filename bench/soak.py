@@ -63,7 +63,7 @@ from tenacity import (
 
 from emulator.bootstrap import bootstrap
 from emulator.local_run import pipeline_process
-from emulator.processes import Process
+from emulator.processes import Process, process_tree
 from emulator.run_report import check_mirrors
 from emulator.server import emulator, free_port
 from emulator.verify import consistent_past
@@ -132,18 +132,14 @@ class Product:
 def tree_rss_mib(pid: int) -> float:
     """Resident MiB of a process and its live descendants (the pipeline's JVM)."""
     total = 0.0
-    pending = [pid]
-    while pending:
-        current = pending.pop()
+    for current in process_tree(pid):
         try:
             status = Path(f"/proc/{current}/status").read_text()
-            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
         except OSError:
             continue
         for line in status.splitlines():
             if line.startswith("VmRSS:"):
                 total += int(line.split()[1]) / 1024
-        pending.extend(int(child) for child in children)
     return total
 
 

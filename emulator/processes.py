@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +63,16 @@ class Process:
                 tail = self.log.read_text(errors="replace")[-3000:]
                 raise AssertionError(f"exited {process.returncode} before {event}:\n{tail}")
             time.sleep(0.2)
+
+
+def process_tree(pid: int) -> Iterator[int]:
+    """A process and its live descendants (the pipeline's JVM), as /proc lists them."""
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue
+        yield current
+        pending.extend(int(child) for child in children)
