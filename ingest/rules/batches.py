@@ -1,0 +1,116 @@
+"""Micro-batches of one change stream read by many tasks at once (the Spark source, design B of
+docs/scaling.md): which partitions a batch reads, and the consistent cut it reaches once every
+task has reported.
+
+A batch starts from a resume point (low watermark W, the partitions to query) and an end E. Every
+ready partition, up to a limit, is read by one task from its resume timestamp to E. Tasks cannot
+read partitions the batch discovers (children of a partition that ended at S, or partitions a
+partition start record announces at S), so the batch's cut is the tracker's low watermark once
+every report is applied: below every such S and below every partition not read to E. Everything
+at or below the cut was read by every partition alive then, so each transaction at or below it is
+whole within the batch; what tasks read above it is read again by the next batch, which starts
+from the cut's resume point.
+
+Pure: the same tracker (``rules.partitions``) as the service applies the lineage rules, on the
+driver, from the tasks' reports; records themselves never pass through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ingest.model.records import ChangeRecord, HeartbeatRecord
+from ingest.model.resume import ResumePoint
+from ingest.model.timestamps import Nanos
+from ingest.rules.coordinator import Coordinator
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRead:
+    """One task: a partition queried from ``start`` up to the batch's ``end``."""
+
+    token: str
+    start: Nanos
+    end: Nanos
+    max_records: int | None = None
+    """The task stops once it read this many data change records and moved its partition's
+    watermark on (admission control); None reads to the end."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionReport:
+    """What a task tells the driver of its partition, besides the data it read."""
+
+    token: str
+    lineage: tuple[ChangeRecord, ...]
+    """Its child partitions, partition start and partition end records, in the order read."""
+    watermark: Nanos
+    """Every record with commit timestamp at or below it was read: the batch's end when the
+    query closed cleanly there."""
+    closed: bool
+    """The query closed cleanly. False when the task stopped at its records limit."""
+
+
+def stops_at_limit(read: PartitionRead, records_read: int, watermark: Nanos) -> bool:
+    """Whether a task stops before its next record: it read its records limit and moved its
+    partition's watermark past where it started, so every batch makes progress."""
+    return (
+        read.max_records is not None
+        and records_read >= read.max_records
+        and watermark >= read.start
+    )
+
+
+class BatchPlanError(RuntimeError):
+    """Reports that do not match the batch's plan: a bug, never data to skip."""
+
+
+def _coordinator(resume: ResumePoint) -> Coordinator:
+    """A partition closing at a batch's end lives on: the tracker has no end timestamp, and a
+    partition finishes only with its last record."""
+    return Coordinator(resume.low_watermark + 1, None, resume_from=resume)
+
+
+def plan_batch(
+    resume: ResumePoint,
+    end: Nanos,
+    max_partitions: int | None = None,
+    max_records: int | None = None,
+) -> list[PartitionRead]:
+    """The tasks of a batch from ``resume`` to ``end``: ready partitions, lowest watermark first,
+    at most ``max_partitions`` of them (the others hold the cut at their watermark)."""
+    if end <= resume.low_watermark:
+        return []
+    tracker = _coordinator(resume).tracker
+    return [
+        PartitionRead(p.token, p.resume_timestamp, end, max_records)
+        for p in tracker.take_ready(max_partitions)
+    ]
+
+
+def cut_batch(resume: ResumePoint, end: Nanos, reports: Iterable[PartitionReport]) -> ResumePoint:
+    """The batch's consistent cut and where the next batch resumes, from every task's report.
+
+    A partition that closed but read past the cut (its records above it are dropped) is queried
+    again from the cut, as after a restart; the children it reported wait for it again.
+    """
+    coordinator = _coordinator(resume)
+    tracker = coordinator.tracker
+    ready = {p.token: p for p in tracker.take_ready()}
+    for report in reports:
+        partition = ready.pop(report.token, None)
+        if partition is None:
+            raise BatchPlanError(
+                f"partition {report.token!r} reported twice or was not ready in this batch"
+            )
+        coordinator.query_started(report.token, partition.resume_timestamp)
+        for record in report.lineage:
+            tracker.on_record(report.token, record)
+        if report.watermark > partition.watermark:
+            tracker.on_record(report.token, HeartbeatRecord(report.watermark))
+        if report.closed and partition.ended:
+            coordinator.stream_ended(report.token)
+    low = coordinator.low_watermark()
+    cut = end if low is None else min(low, end)
+    return ResumePoint(cut, tracker.resumable(cut))
