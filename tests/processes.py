@@ -45,6 +45,34 @@ class Service(Process):
             self.env.pop("INGEST_START_TIMESTAMP", None)
 
 
+class SparkSource(Service):
+    """``python -m ingest spark-run`` for one job on ``master``, with the service's test
+    settings and short batches."""
+
+    def __init__(
+        self,
+        database_id: str,
+        table: Path,
+        checkpoint: Path,
+        log: Path,
+        start: int | None,
+        master: str = "local[2]",
+        **env: str,
+    ) -> None:
+        super().__init__(
+            database_id,
+            table,
+            log,
+            start,
+            INGEST_SPARK_MASTER=master,
+            INGEST_SPARK_CHECKPOINT_URI=str(checkpoint),
+            INGEST_SPARK_TRIGGER_S="1",
+            INGEST_SPARK_MAX_BATCH_SPAN_S="10",
+            **env,
+        )
+        self.argv = ["-m", "ingest", "spark-run"]
+
+
 class Pipeline(Process):
     """``python -m pipeline run`` on local[2] with few shuffle partitions."""
 

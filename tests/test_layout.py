@@ -33,6 +33,7 @@ ALLOWED = {
         "ingest.snapshot",
     ),
     "ingest.service": ("runtime", "ingest"),
+    "ingest.sparksource": ("runtime", "ingest"),
     "ingest": ("runtime", "ingest"),
     "pipeline": ("pipeline", "runtime", "ingest.model", "ingest.contract"),
 }

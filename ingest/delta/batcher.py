@@ -35,6 +35,39 @@ class Riders(Protocol):
 
 
 @dataclass
+class WatchedColumnsPoll:
+    """Which tables' watched columns differ from those this process landed, read at most once
+    an interval at the low watermark being committed: the service's batcher and the Spark
+    source's landing ask it before a commit and tell it what landed."""
+
+    read: Callable[[Nanos], WatchedColumns] | None
+    interval_s: float
+    log: Logger
+    wall_clock: Callable[[], Nanos] = time.time_ns
+    landed_columns: WatchedColumns = field(default_factory=dict)
+    read_at: float | None = None
+
+    def changes(self, low_watermark: Nanos, now: float) -> WatchedColumns:
+        """Tables whose watched columns at ``low_watermark`` differ from those landed; nothing
+        before the interval passed, past Spanner's stale-read limit, or when the read fails."""
+        due = self.read_at is None or now - self.read_at >= self.interval_s
+        if self.read is None or not due:
+            return {}
+        self.read_at = now
+        if self.wall_clock() - low_watermark > STALE_READ_LIMIT_NANOS:
+            return {}
+        try:
+            watched = self.read(low_watermark)
+        except Exception as error:  # any failure: read again next interval
+            self.log.warning("watched_columns_unread", cause=_first_line(error))
+            return {}
+        return {t: c for t, c in watched.items() if self.landed_columns.get(t) != c}
+
+    def landed(self, watched: WatchedColumns) -> None:
+        self.landed_columns.update(watched)
+
+
+@dataclass
 class Batcher:
     """Flush policy: commit released transactions within ``flush_latency`` or ``max_rows``;
     with nothing to land, still commit the checkpoint every ``checkpoint_interval`` so a restart
@@ -60,8 +93,6 @@ class Batcher:
     riders: Riders | None = None
     on_commit: Callable[[list[Transaction], Nanos], None] | None = None
     """Told of each commit's transactions and low watermark (the service's metrics)."""
-    watched_landed: WatchedColumns = field(default_factory=dict)
-    watched_read_at: float | None = None
     pending: list[Transaction] = field(default_factory=list)
     pending_rows: int = 0
     pending_since: float | None = None
@@ -69,6 +100,11 @@ class Batcher:
     committed_watermark: Nanos | None = None
     last_commit_at: float = 0.0
     commits: int = 0
+
+    def __post_init__(self) -> None:
+        self._watched = WatchedColumnsPoll(
+            self.watched_columns, self.watched_interval_s, self.log, self.wall_clock
+        )
 
     def on_release(self, release: Release) -> None:
         self.resume_point = release.resume_point
@@ -91,20 +127,10 @@ class Batcher:
             self.flush(self._watched_changes(now))
 
     def _watched_changes(self, now: float) -> WatchedColumns:
-        """Tables whose watched columns at the released watermark differ from those landed."""
-        due = self.watched_read_at is None or now - self.watched_read_at >= self.watched_interval_s
         point = self.resume_point
-        if self.watched_columns is None or point is None or not due:
+        if point is None:
             return {}
-        self.watched_read_at = now
-        if self.wall_clock() - point.low_watermark > STALE_READ_LIMIT_NANOS:
-            return {}
-        try:
-            watched = self.watched_columns(point.low_watermark)
-        except Exception as error:  # any failure: read again next interval
-            self.log.warning("watched_columns_unread", cause=_first_line(error))
-            return {}
-        return {t: c for t, c in watched.items() if self.watched_landed.get(t) != c}
+        return self._watched.changes(point.low_watermark, now)
 
     def flush(self, watched: WatchedColumns | None = None) -> None:
         point = self.resume_point
@@ -127,7 +153,7 @@ class Batcher:
             self.riders.after_commit()
         if self.on_commit is not None:
             self.on_commit(self.pending, point.low_watermark)
-        self.watched_landed.update(watched or {})
+        self._watched.landed(watched or {})
         lag_nanos = self.wall_clock() - point.low_watermark
         self.log.info(
             "delta_commit",

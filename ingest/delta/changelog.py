@@ -17,7 +17,7 @@ from ingest.contract.changelog import (
     column_types_json,
 )
 from ingest.model.encoding import canonical_json
-from ingest.model.records import ColumnType, Transaction
+from ingest.model.records import ColumnType, DataChangeRecord, Transaction
 from ingest.model.snapshot import SnapshotChunk
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 
@@ -45,35 +45,47 @@ def to_arrow(
     return pa.Table.from_pydict(columns, schema=SCHEMA)
 
 
+def records_to_arrow(records: Iterable[DataChangeRecord]) -> pa.Table:
+    """Rows of data change records read apart from their transactions (a Spark source's task):
+    whoever lands them checks that each transaction is whole and orders them."""
+    columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
+    for record in records:
+        _append_record_rows(columns, record)
+    return pa.Table.from_pydict(columns, schema=SCHEMA)
+
+
 def _append_transaction_rows(columns: dict[str, list[Any]], transaction: Transaction) -> None:
     """One row per mod, in record and mod order."""
-    micros = transaction.commit_timestamp // 1000
-    text = to_rfc3339(transaction.commit_timestamp)
-    date = _date(transaction.commit_timestamp)
     for record in transaction.records:
-        column_types = column_types_json(record.column_types)
-        for index, mod in enumerate(record.mods):
-            columns["commit_timestamp"].append(micros)
-            columns["commit_timestamp_text"].append(text)
-            columns["server_transaction_id"].append(record.server_transaction_id)
-            columns["record_sequence"].append(record.record_sequence)
-            columns["mod_index"].append(index)
-            columns["table_name"].append(record.table_name)
-            columns["mod_type"].append(record.mod_type)
-            columns["value_capture_type"].append(record.value_capture_type)
-            columns["keys"].append(canonical_json(mod.keys))
-            columns["new_values"].append(canonical_json(mod.new_values))
-            columns["old_values"].append(canonical_json(mod.old_values))
-            columns["column_types"].append(column_types)
-            columns["number_of_records_in_transaction"].append(
-                record.number_of_records_in_transaction
-            )
-            columns["number_of_partitions_in_transaction"].append(
-                record.number_of_partitions_in_transaction
-            )
-            columns["transaction_tag"].append(record.transaction_tag)
-            columns["is_system_transaction"].append(record.is_system_transaction)
-            columns["commit_date"].append(date)
+        _append_record_rows(columns, record)
+
+
+def _append_record_rows(columns: dict[str, list[Any]], record: DataChangeRecord) -> None:
+    """One row per mod, in mod order."""
+    micros = record.commit_timestamp // 1000
+    text = to_rfc3339(record.commit_timestamp)
+    date = _date(record.commit_timestamp)
+    column_types = column_types_json(record.column_types)
+    for index, mod in enumerate(record.mods):
+        columns["commit_timestamp"].append(micros)
+        columns["commit_timestamp_text"].append(text)
+        columns["server_transaction_id"].append(record.server_transaction_id)
+        columns["record_sequence"].append(record.record_sequence)
+        columns["mod_index"].append(index)
+        columns["table_name"].append(record.table_name)
+        columns["mod_type"].append(record.mod_type)
+        columns["value_capture_type"].append(record.value_capture_type)
+        columns["keys"].append(canonical_json(mod.keys))
+        columns["new_values"].append(canonical_json(mod.new_values))
+        columns["old_values"].append(canonical_json(mod.old_values))
+        columns["column_types"].append(column_types)
+        columns["number_of_records_in_transaction"].append(record.number_of_records_in_transaction)
+        columns["number_of_partitions_in_transaction"].append(
+            record.number_of_partitions_in_transaction
+        )
+        columns["transaction_tag"].append(record.transaction_tag)
+        columns["is_system_transaction"].append(record.is_system_transaction)
+        columns["commit_date"].append(date)
 
 
 def _append_schema_row(

@@ -107,7 +107,17 @@ class DeltaChangeLogSink:
         version = table.transaction_version(self._job_id)
         if version is None:
             return None
-        checkpoint = self._checkpoint_at(table, version)
+        return self.checkpoint(version, table)
+
+    def landed_version(self) -> int | None:
+        """The job's newest version in the table (its application transaction)."""
+        table = self.table()
+        return table.transaction_version(self._job_id) if table is not None else None
+
+    def checkpoint(self, version: int, table: DeltaTable | None = None) -> Checkpoint:
+        """The checkpoint the job's commit ``version`` carries."""
+        table = table or self.table()
+        checkpoint = self._checkpoint_at(table, version) if table is not None else None
         if checkpoint is None:
             raise RuntimeError(
                 f"table {self._uri} records version {version} of job {self._job_id} "
@@ -174,6 +184,34 @@ class DeltaChangeLogSink:
     ) -> CommitResult:
         """Land whole transactions up to the resume point's low watermark, and schema rows of
         the tables whose ``watched`` columns (read at that watermark) changed."""
+        reading = self._table_snapshot or self._snapshot
+        snapshot_at = reading.read_timestamp if reading is not None else 0
+        rows = changelog.to_arrow(
+            transactions, watched, resume_point.low_watermark, snapshot, snapshot_at
+        )
+        return self._land(rows, len(transactions), resume_point, lease_released)
+
+    def commit_rows(
+        self,
+        rows: pa.Table,
+        transactions: int,
+        resume_point: ResumePoint,
+        watched: Mapping[str, tuple[ColumnType, ...]] | None = None,
+    ) -> CommitResult:
+        """Land change-log rows built elsewhere (a Spark source's tasks): the rows of
+        ``transactions`` whole transactions up to the resume point's low watermark, in commit
+        order; schema rows of ``watched`` are added as ``commit`` adds them."""
+        schema_rows = changelog.to_arrow([], watched, resume_point.low_watermark)
+        return self._land(
+            pa.concat_tables([rows.select(schema_rows.schema.names), schema_rows]),
+            transactions,
+            resume_point,
+            lease_released=False,
+        )
+
+    def _land(
+        self, rows: pa.Table, transactions: int, resume_point: ResumePoint, lease_released: bool
+    ) -> CommitResult:
         version = self._next_version
         checkpoint = Checkpoint(
             self._job_id,
@@ -185,11 +223,6 @@ class DeltaChangeLogSink:
             self._snapshot,
             self._table_snapshot,
             lease_released,
-        )
-        reading = self._table_snapshot or self._snapshot
-        snapshot_at = reading.read_timestamp if reading is not None else 0
-        rows = changelog.to_arrow(
-            transactions, watched, resume_point.low_watermark, snapshot, snapshot_at
         )
         retrying = Retrying(
             retry=retry_if_exception_type((CommitFailedError, OSError)),
@@ -212,7 +245,7 @@ class DeltaChangeLogSink:
         delta_version = table.version() if table is not None else None
         if table is not None and not replayed:
             self._maintain(table)
-        return CommitResult(version, delta_version, rows.num_rows, len(transactions), replayed)
+        return CommitResult(version, delta_version, rows.num_rows, transactions, replayed)
 
     def release_lease(self) -> CommitResult | None:
         """A clean stop's last commit: no rows, the newest checkpoint again, marked released, so

@@ -1,5 +1,6 @@
 """Command line: ``python -m ingest tail`` prints whole, ordered transactions as JSON lines;
 ``python -m ingest run`` lands them in a Delta change-log table, exactly once;
+``python -m ingest spark-run`` lands the same change log with a Spark streaming query;
 ``python -m ingest audit`` reads a past window again and compares it with the change log;
 ``python -m ingest snapshot-table`` asks a running service to snapshot tables again.
 
@@ -89,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="land the change stream in a Delta change-log table (long-running)"
     )
     run.add_argument(
+        "--config",
+        default=None,
+        help=f"TOML file (or {config_module.CONFIG_FILE_VARIABLE}); environment overrides it",
+    )
+    on_spark = commands.add_parser(
+        "spark-run",
+        help="land the change stream with a Spark streaming query on any master (long-running)",
+    )
+    on_spark.add_argument(
         "--config",
         default=None,
         help=f"TOML file (or {config_module.CONFIG_FILE_VARIABLE}); environment overrides it",
@@ -189,6 +199,15 @@ def run_ingest(args: argparse.Namespace, out: TextIO) -> int:
     config = config_module.load(file=args.config)
     log = make_logger(out, config.log_level).bind(command="run", stream=config.stream)
     return run_service(config, log, _stop_on_signals())
+
+
+def run_on_spark(args: argparse.Namespace, out: TextIO) -> int:
+    from ingest.sparksource.run import load_spark_config, run_spark_source
+
+    config = config_module.load(file=args.config)
+    spark = load_spark_config()
+    log = make_logger(out, config.log_level).bind(command="spark-run", stream=config.stream)
+    return run_spark_source(config, spark, log, _stop_on_signals())
 
 
 def _regular_sessions_on_the_emulator() -> None:
@@ -294,6 +313,8 @@ def main(
         args = build_parser().parse_args(argv)
         if args.command == "run":
             return run_ingest(args, out)
+        if args.command == "spark-run":
+            return run_on_spark(args, out)
         if args.command == "snapshot-table":
             return request_table_snapshot(args, out)
         if args.command == "audit":

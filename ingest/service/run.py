@@ -84,9 +84,9 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
     sink.continue_after(checkpoint)
     expected: int | None = None
     if checkpoint is None:
-        resume, snapshot, expected = _start_job(opened, config, sink, log)
+        resume, snapshot, expected = start_job(opened, config, sink, log)
     else:
-        resume, snapshot = _resume_job(config, checkpoint, log)
+        resume, snapshot = resume_job(config, checkpoint, log)
     metrics = IngestMetrics()
     metrics.sources.landed_watermark = resume.low_watermark
     metrics.sources.snapshot = lambda: sink.table_snapshot or sink.snapshot
@@ -94,25 +94,25 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
     health = _health_server(config, snapshot_commits, metrics)
     try:
         if snapshot is not None and not snapshot.complete:
-            snapshot = _snapshot(
+            snapshot = snapshot_tables(
                 opened, config, snapshot, expected, sink, log, stop, health, snapshot_commits
             )
             if not snapshot.complete:
                 log.info("ingest_stopped", reason="stopped during the snapshot")
-                return _release_lease(sink, log)
+                return release_lease(sink, log)
         if SnapshotMode(config.snapshot_mode) is SnapshotMode.INITIAL_ONLY:
             log.info(
                 "ingest_stopped", reason="snapshot_mode initial_only: the snapshot is complete"
             )
-            return _release_lease(sink, log)
+            return release_lease(sink, log)
         _stream(opened, config, sink, checkpoint, snapshot, resume, log, stop, health, metrics)
-        return _release_lease(sink, log)
+        return release_lease(sink, log)
     finally:
         if health is not None:
             health.close()
 
 
-def _start_job(
+def start_job(
     opened: OpenedStream, config: ServiceConfig, sink: DeltaChangeLogSink, log: Logger
 ) -> tuple[ResumePoint, SnapshotProgress | None, int | None]:
     """Record a new job's start, refused at once if the stream cannot be read from there or a
@@ -142,7 +142,7 @@ def _start_job(
     return resume, snapshot, expected
 
 
-def _resume_job(
+def resume_job(
     config: ServiceConfig, checkpoint: Checkpoint, log: Logger
 ) -> tuple[ResumePoint, SnapshotProgress | None]:
     if start_moved(config.start_timestamp, checkpoint):
@@ -171,7 +171,7 @@ def _health_server(
     return health
 
 
-def _release_lease(sink: DeltaChangeLogSink, log: Logger) -> int:
+def release_lease(sink: DeltaChangeLogSink, log: Logger) -> int:
     """A clean stop hands the job over at once: its last commit releases the writer lease. A
     process that crashes or is killed never gets here, and its lease runs out as before."""
     result = sink.release_lease()
@@ -281,7 +281,7 @@ def _table_snapshots(
     return table_snapshots
 
 
-def _snapshot(
+def snapshot_tables(
     opened: OpenedStream,
     config: ServiceConfig,
     progress: SnapshotProgress,
@@ -289,8 +289,8 @@ def _snapshot(
     sink: DeltaChangeLogSink,
     log: Logger,
     stop: threading.Event,
-    health: HealthServer | None,
-    commits: Commits,
+    health: HealthServer | None = None,
+    commits: Commits | None = None,
 ) -> SnapshotProgress:
     """Land the tables the snapshot has not finished; refused once T0 is out of reach, and a
     read that fails past that deadline says so. ``expected``: its rows at T0, when the job's
@@ -321,7 +321,7 @@ def _snapshot(
             log,
             stop,
             on_tick=health.tick if health is not None else lambda: None,
-            on_commit=commits.count,
+            on_commit=commits.count if commits is not None else lambda: None,
             absent_keys=lambda table, at, found: keys_of_earlier_jobs(
                 _changelog(sink), table, at, found
             ),

@@ -1,0 +1,200 @@
+"""Each micro-batch of the Spark source lands as one change-log commit (``foreachBatch`` on the
+driver): the batch's cut from its tasks' reports (``rules.batches``), the rows at or below it
+checked whole and put in commit order, committed with the cut's resume point by the service's
+sink, so the change log and its checkpoints are the service's own.
+
+Exactly once: a batch is planned from the job's change-log version v and lands v + 1 only while
+the job is at v (the sink's fence). A batch Spark replays after a crash finds v + 1 landed by
+this query and lands nothing; one whose v + 1 another writer landed while this query was down
+(the service, during a hand-over) is superseded and lands nothing either, and the next batch
+plans from the newest checkpoint. While the query runs, another writer's commit fences it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import structlog
+
+from ingest.contract.changelog import SCHEMA
+from ingest.delta.batcher import WatchedColumnsPoll
+from ingest.delta.sink import DeltaChangeLogSink, WriterFenced
+from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
+from ingest.rules.assembler import IncompleteTransactionError, InconsistentTransactionError
+from ingest.rules.batches import BatchPlanError, PartitionReport, cut_batch
+from ingest.sparksource.rows import COMMIT_NANOS, REPORT, BatchIdentity, parse_report
+
+Logger = structlog.typing.FilteringBoundLogger
+
+
+@dataclass(frozen=True, slots=True)
+class LandedBatch:
+    batch_id: int
+    version: int | None
+    """The job's change-log version this batch landed; None when it landed nothing."""
+    low_watermark: Nanos
+    end: Nanos
+    tasks: int
+    transactions: int
+    rows: int
+    rows_above_cut: int
+    outcome: str
+    """``landed``, ``replayed`` (landed before a crash) or ``superseded`` (another writer)."""
+
+
+class DuplicateRecordError(RuntimeError):
+    """A batch holds a change-log row twice: a task yielded a record twice (a bug)."""
+
+
+class BatchLanding:
+    def __init__(
+        self,
+        sink: DeltaChangeLogSink,
+        owner: str,
+        watched: WatchedColumnsPoll,
+        log: Logger,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], Nanos] = time.time_ns,
+        on_landed: Callable[[LandedBatch], None] | None = None,
+    ) -> None:
+        self._sink = sink
+        self._owner = owner
+        self._watched = watched
+        self._log = log
+        self._monotonic = monotonic
+        self._wall_clock = wall_clock
+        self._on_landed = on_landed
+        self._landed_any = False
+
+    def __call__(self, frame: object, batch_id: int) -> None:
+        self.land(frame.toArrow(), batch_id)  # type: ignore[attr-defined]
+
+    def land(self, batch: pa.Table, batch_id: int) -> LandedBatch:
+        is_report = pc.is_valid(batch[REPORT])
+        reports, identity = _reports(batch.filter(is_report)[REPORT].to_pylist())
+        checkpoint = self._sink.checkpoint(identity.version)
+        cut = cut_batch(checkpoint.resume_point, identity.end, reports)
+        data = batch.filter(pc.invert(is_report))
+        below = data.filter(pc.less_equal(data[COMMIT_NANOS], cut.low_watermark))
+        transactions = _check_whole(below)
+        outcome = self._outcome(identity.version)
+        version = None
+        if outcome == "landed":
+            self._sink.continue_after(checkpoint)
+            watched = self._watched.changes(cut.low_watermark, self._monotonic())
+            result = self._sink.commit_rows(_ordered(below), transactions, cut, watched)
+            self._watched.landed(watched)
+            version, outcome = result.version, "replayed" if result.replayed else outcome
+        self._landed_any = True
+        landed = LandedBatch(
+            batch_id,
+            version,
+            cut.low_watermark,
+            identity.end,
+            len(reports),
+            transactions,
+            below.num_rows,
+            data.num_rows - below.num_rows,
+            outcome,
+        )
+        self._log.info(
+            "spark_batch",
+            batch_id=batch_id,
+            outcome=outcome,
+            version=version,
+            planned_from_version=identity.version,
+            tasks=len(reports),
+            transactions=transactions,
+            rows=below.num_rows,
+            rows_above_cut=landed.rows_above_cut,
+            low_watermark=to_rfc3339(cut.low_watermark),
+            cut_lowered=cut.low_watermark < identity.end,
+            watermark_lag_seconds=round(
+                (self._wall_clock() - cut.low_watermark) / NANOS_PER_SECOND, 3
+            ),
+        )
+        if self._on_landed is not None:
+            self._on_landed(landed)
+        return landed
+
+    def _outcome(self, planned_from: int) -> str:
+        """``landed`` when the job is still at the version the batch was planned from."""
+        landed = self._sink.landed_version()
+        if landed is None or landed <= planned_from:
+            return "landed"
+        successor = self._sink.checkpoint(planned_from + 1)
+        if successor.owner == self._owner:
+            return "replayed"
+        if not self._landed_any:
+            return "superseded"
+        raise WriterFenced(
+            f"job {self._sink.job_id} version {planned_from + 1} was committed by another "
+            f"process ({successor.owner}); this Spark query stops writing"
+        )
+
+
+def _reports(texts: list[str]) -> tuple[list[PartitionReport], BatchIdentity]:
+    parsed = [parse_report(text) for text in texts]
+    if not parsed:
+        raise BatchPlanError("a batch without task reports: no task of the plan reported")
+    identities = {identity for _, identity in parsed}
+    if len(identities) != 1:
+        raise BatchPlanError(f"one batch's tasks name different batches: {identities}")
+    (identity,) = identities
+    if len(parsed) != identity.tasks:
+        raise BatchPlanError(f"{len(parsed)} of the batch's {identity.tasks} tasks reported")
+    return [report for report, _ in parsed], identity
+
+
+def _check_whole(rows: pa.Table) -> int:
+    """The number of transactions, once each is shown whole and consistent, and no row twice."""
+    distinct = rows.group_by(["server_transaction_id", "record_sequence", "mod_index"]).aggregate(
+        []
+    )
+    if distinct.num_rows != rows.num_rows:
+        raise DuplicateRecordError(
+            f"{rows.num_rows - distinct.num_rows} change-log rows of the batch came twice"
+        )
+    per_transaction = rows.group_by("server_transaction_id").aggregate(
+        [
+            ("record_sequence", "count_distinct"),
+            ("number_of_records_in_transaction", "min_max"),
+            (COMMIT_NANOS, "min_max"),
+        ]
+    )
+    for row in per_transaction.to_pylist():
+        txid = row["server_transaction_id"]
+        expected = row["number_of_records_in_transaction_min_max"]
+        committed = row[f"{COMMIT_NANOS}_min_max"]
+        if expected["min"] != expected["max"] or committed["min"] != committed["max"]:
+            raise InconsistentTransactionError(
+                f"records of transaction {txid} disagree on commit timestamp or record count"
+            )
+        if row["record_sequence_count_distinct"] != expected["min"]:
+            raise IncompleteTransactionError(
+                f"transaction {txid} at {to_rfc3339(committed['min'])} has "
+                f"{row['record_sequence_count_distinct']} of {expected['min']} records at or "
+                "below the batch's cut"
+            )
+    return per_transaction.num_rows
+
+
+def _ordered(rows: pa.Table) -> pa.Table:
+    """Commit order: (commit timestamp, transaction id), then record sequence as a number, then
+    mod index."""
+    keyed = rows.append_column("sequence_width", pc.utf8_length(rows["record_sequence"]))
+    order = pc.sort_indices(
+        keyed,
+        sort_keys=[
+            (COMMIT_NANOS, "ascending"),
+            ("server_transaction_id", "ascending"),
+            ("sequence_width", "ascending"),
+            ("record_sequence", "ascending"),
+            ("mod_index", "ascending"),
+        ],
+    )
+    return rows.take(order).select(SCHEMA.names)

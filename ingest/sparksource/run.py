@@ -1,0 +1,205 @@
+"""``python -m ingest spark-run``: the change stream read by a Spark streaming query on any master,
+landing the service's change log (the composition root of the Spark source).
+
+The job's life is the service's: open the Spanner side, wait out another writer's lease, record a
+new job's start (and finish its snapshot), then read; a clean stop hands the lease over with a
+last commit. The reading is a streaming query of ``source.ChangeStreamDataSource`` whose batches
+``landing.BatchLanding`` commits. Its owner is fixed by its Spark checkpoint, so a restarted
+driver recognises the batches it landed before it died.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ingest.changestream.opening import StreamAddress, open_stream
+from ingest.changestream.watched_columns import read_watched_columns
+from ingest.delta.batcher import WatchedColumnsPoll
+from ingest.delta.lease import wait_for_lease
+from ingest.delta.sink import DeltaChangeLogSink
+from ingest.model.snapshot import SnapshotMode
+from ingest.service.config import ServiceConfig
+from ingest.service.run import release_lease, resume_job, snapshot_tables, start_job
+from ingest.sparksource.landing import BatchLanding
+from ingest.sparksource.source import NAME, ChangeStreamDataSource, SourceOptions
+from runtime.errors import ReportedError
+from runtime.options import in_range, integer, load_options, non_empty, seconds
+
+Logger = structlog.typing.FilteringBoundLogger
+
+
+@dataclass(frozen=True, slots=True)
+class SparkSourceConfig:
+    """What only the Spark source has; everything else is the service's ``ServiceConfig``."""
+
+    master: str = "local[2]"
+    checkpoint_uri: str = "./data/spark-source-checkpoint"
+    """Spark's offset and commit logs of the query; one per job."""
+    trigger_s: float = 2.0
+    """A batch starts at most this often (a batch that takes longer starts the next at once)."""
+    max_batch_span_s: float = 60.0
+    max_partitions_per_batch: int = 0
+    max_records_per_batch: int = 0
+
+
+SPARK_ENVIRONMENT = {
+    "master": "INGEST_SPARK_MASTER",
+    "checkpoint_uri": "INGEST_SPARK_CHECKPOINT_URI",
+    "trigger_s": "INGEST_SPARK_TRIGGER_S",
+    "max_batch_span_s": "INGEST_SPARK_MAX_BATCH_SPAN_S",
+    "max_partitions_per_batch": "INGEST_SPARK_MAX_PARTITIONS_PER_BATCH",
+    "max_records_per_batch": "INGEST_SPARK_MAX_RECORDS_PER_BATCH",
+}
+SPARK_PARSERS = {
+    "master": non_empty,
+    "checkpoint_uri": non_empty,
+    "trigger_s": seconds(0.1, 3_600),
+    "max_batch_span_s": seconds(1, 1_800),
+    "max_partitions_per_batch": integer(0, 1_000_000),
+    "max_records_per_batch": in_range(int, "records", 0, 1_000_000_000),
+}
+
+
+def load_spark_config(environ: dict[str, str] | None = None) -> SparkSourceConfig:
+    config: SparkSourceConfig = load_options(
+        SparkSourceConfig,
+        SPARK_PARSERS,
+        SPARK_ENVIRONMENT,
+        dict(os.environ) if environ is None else environ,
+        None,
+    )
+    return config
+
+
+def owner_of(checkpoint_uri: str) -> str:
+    """The writer a Spark query is, the same for every driver of one Spark checkpoint."""
+    where = checkpoint_uri if "://" in checkpoint_uri else str(Path(checkpoint_uri).resolve())
+    return "spark-" + hashlib.sha256(where.encode()).hexdigest()[:16]
+
+
+def run_spark_source(
+    config: ServiceConfig, spark: SparkSourceConfig, log: Logger, stop: threading.Event
+) -> int:
+    """1. open the Spanner side; 2. wait for the lease, continue after the newest checkpoint;
+    3. a new job records its start (and snapshot), a resumed one keeps it; 4. finish the
+    snapshot on the driver; 5. run the streaming query until stopped or failed; 6. hand the
+    lease over with a last commit."""
+    owner = owner_of(spark.checkpoint_uri)
+    log = log.bind(job_id=config.effective_job_id, owner=owner)
+    opened = open_stream(
+        StreamAddress(
+            config.project,
+            config.instance,
+            config.database,
+            config.stream,
+            config.dialect,
+            config.heartbeat_ms,
+        )
+    )
+    sink = DeltaChangeLogSink(config.table_uri, config.effective_job_id, owner, log=log)
+    checkpoint = wait_for_lease(sink, owner, config.lease_s, log, stop)
+    if stop.is_set():
+        return 0
+    sink.continue_after(checkpoint)
+    expected = None
+    if checkpoint is None:
+        _, snapshot, expected = start_job(opened, config, sink, log)
+    else:
+        _, snapshot = resume_job(config, checkpoint, log)
+    if snapshot is not None and not snapshot.complete:
+        snapshot = snapshot_tables(opened, config, snapshot, expected, sink, log, stop)
+        if not snapshot.complete:
+            return release_lease(sink, log)
+    if SnapshotMode(config.snapshot_mode) is SnapshotMode.INITIAL_ONLY:
+        return release_lease(sink, log)
+    options = SourceOptions(
+        config.project,
+        config.instance,
+        config.database,
+        config.stream,
+        opened.dialect.value,
+        opened.info.mutable_key_range,
+        config.table_uri,
+        config.effective_job_id,
+        config.heartbeat_ms,
+        config.settle_margin_s,
+        spark.max_batch_span_s,
+        spark.max_partitions_per_batch,
+        spark.max_records_per_batch,
+    )
+    watched = WatchedColumnsPoll(
+        lambda at: read_watched_columns(opened.database, config.stream, opened.dialect, at),
+        config.watched_columns_interval_s,
+        log,
+    )
+    session = _session(spark)
+    try:
+        _stream(session, options, spark, BatchLanding(sink, owner, watched, log), log, stop)
+    finally:
+        release_lease(sink, log)
+        session.stop()
+    return 0
+
+
+def _stream(
+    session: Any,
+    options: SourceOptions,
+    spark: SparkSourceConfig,
+    landing: BatchLanding,
+    log: Logger,
+    stop: threading.Event,
+) -> None:
+    session.dataSource.register(ChangeStreamDataSource)
+    query = (
+        session.readStream.format(NAME)
+        .options(**options.to_options())
+        .load()
+        .writeStream.foreachBatch(landing)
+        .option("checkpointLocation", spark.checkpoint_uri)
+        .trigger(processingTime=f"{spark.trigger_s} seconds")
+        .queryName(f"changelog-{options.job_id}")
+        .start()
+    )
+    log.info("spark_source_started", master=spark.master, checkpoint_uri=spark.checkpoint_uri)
+    while query.isActive and not stop.wait(0.5):
+        pass
+    failure = query.exception()
+    query.stop()
+    if failure is not None:
+        raise SparkQueryFailed(_first_line(str(failure)))
+    log.info("spark_source_stopped")
+
+
+class SparkQueryFailed(ReportedError, RuntimeError):
+    """The streaming query stopped with an error (a task's or the landing's)."""
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0][:500] if text.strip() else "unknown failure"
+
+
+def _session(spark: SparkSourceConfig) -> Any:
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.appName("spanner-cdc-source")
+        .master(spark.master)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.streaming.stopTimeout", "30s")
+    )
+    for name in ("SPANNER_EMULATOR_HOST", "GOOGLE_CLOUD_SPANNER_MULTIPLEXED_SESSIONS"):
+        if name in os.environ:
+            builder = builder.config(f"spark.executorEnv.{name}", os.environ[name])
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session

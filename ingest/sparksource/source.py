@@ -1,0 +1,177 @@
+"""The change stream as a Spark streaming data source (PySpark's Python data source API).
+
+Offsets name the batch, not the data: ``version`` is the job's change-log version a batch is
+planned from, ``end`` its end timestamp. The resume point itself (low watermark, partitions,
+finished parents) is the checkpoint that version's commit carries, so a batch Spark replays
+after a crash plans exactly the tasks it planned the first time, and every next batch plans from
+what the change log holds. On the driver, ``latestOffset`` picks the end and ``partitions``
+plans one task per ready partition (``rules.batches``); each task runs ``task.read_partition``
+on an executor.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import pyarrow as pa
+from google.cloud import spanner
+from google.cloud.spanner_v1.database import Database
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+from ingest.changestream.query import ChangeStreamQuery, Dialect
+from ingest.changestream.retries import RetryPolicy
+from ingest.delta.sink import DeltaChangeLogSink
+from ingest.model.records import DataChangeRecord
+from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339, to_rfc3339
+from ingest.rules.batches import PartitionRead, plan_batch
+from ingest.sparksource.rows import SPARK_SCHEMA, BatchIdentity, data_rows, report_row
+from ingest.sparksource.task import read_partition
+
+NAME = "spanner_change_stream"
+ROWS_PER_ARROW_BATCH = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """The source's options, as strings through ``DataStreamReader.option`` and back."""
+
+    project: str
+    instance: str
+    database: str
+    stream: str
+    dialect: str
+    """Resolved (``googlesql`` or ``postgresql``): tasks do not look it up again."""
+    mutable_key_range: bool
+    table_uri: str
+    job_id: str
+    heartbeat_ms: int = 1000
+    settle_margin_s: float = 1.0
+    max_batch_span_s: float = 60.0
+    """A batch ends at most this long after the low watermark it starts from: a catch-up after
+    downtime comes in bounded batches."""
+    max_partitions_per_batch: int = 0
+    """Tasks per batch, lowest watermark first (0: every ready partition)."""
+    max_records_per_batch: int = 0
+    """Data change records per batch, shared among its tasks (0: no limit); Spark's
+    ``ReadMaxRows``."""
+
+    def to_options(self) -> dict[str, str]:
+        return {f.name: str(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> SourceOptions:
+        parsers: dict[str, Callable[[str], Any]] = {
+            "int": int,
+            "float": float,
+            "bool": lambda text: text == "True",
+            "str": str,
+        }
+        return cls(**{f.name: parsers[str(f.type)](options[f.name]) for f in fields(cls)})
+
+
+class TaskInput(InputPartition):
+    """One task: what it reads, the batch it reports to, and how it reaches Spanner."""
+
+    def __init__(self, read: PartitionRead, batch: BatchIdentity, options: SourceOptions) -> None:
+        super().__init__(read.token)
+        self.read = read
+        self.batch = batch
+        self.options = options
+
+
+class ChangeStreamDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return SPARK_SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return ChangeStreamStreamReader(SourceOptions.from_options(dict(self.options)))
+
+
+class ChangeStreamStreamReader(DataSourceStreamReader):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._sink = DeltaChangeLogSink(options.table_uri, options.job_id, owner="")
+
+    def initialOffset(self) -> dict[str, Any]:
+        checkpoint = self._sink.latest_checkpoint()
+        if checkpoint is None:
+            raise RuntimeError(
+                f"no change log of job {self.options.job_id} in {self.options.table_uri}: "
+                "the job records its start before the source reads"
+            )
+        return {
+            "version": checkpoint.version,
+            "end": to_rfc3339(checkpoint.resume_point.low_watermark),
+        }
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_records_per_batch:
+            return ReadMaxRows(self.options.max_records_per_batch)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """The next batch: from the newest checkpoint to what has settled, at most the span."""
+        checkpoint = self._sink.latest_checkpoint()
+        if checkpoint is None:
+            return start
+        low = checkpoint.resume_point.low_watermark
+        settled = time.time_ns() - int(self.options.settle_margin_s * NANOS_PER_SECOND)
+        end = min(settled, low + int(self.options.max_batch_span_s * NANOS_PER_SECOND))
+        if end <= low:
+            return start
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else 0
+        return {"version": checkpoint.version, "end": to_rfc3339(end), "max_records": max_rows}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        if "max_records" not in end:
+            return []
+        version, batch_end = end["version"], parse_rfc3339(end["end"])
+        resume = self._sink.checkpoint(version).resume_point
+        limit = self.options.max_partitions_per_batch or None
+        reads = plan_batch(resume, batch_end, limit)
+        if end["max_records"]:
+            per_task = max(1, math.ceil(end["max_records"] / max(1, len(reads))))
+            reads = plan_batch(resume, batch_end, limit, per_task)
+        batch = BatchIdentity(version, batch_end, len(reads))
+        return [TaskInput(read, batch, self.options) for read in reads]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, TaskInput)
+        task, options = partition, partition.options
+        source = ChangeStreamQuery(
+            _database(options.project, options.instance, options.database),
+            options.stream,
+            Dialect(options.dialect),
+            options.heartbeat_ms,
+            options.mutable_key_range,
+        )
+        pending: list[DataChangeRecord] = []
+        pending_rows = 0
+        for item in read_partition(source, task.read, RetryPolicy(), time.sleep):
+            if isinstance(item, DataChangeRecord):
+                pending.append(item)
+                pending_rows += len(item.mods)
+                if pending_rows >= ROWS_PER_ARROW_BATCH:
+                    yield data_rows(pending)
+                    pending, pending_rows = [], 0
+                continue
+            if pending:
+                yield data_rows(pending)
+            yield report_row(item, task.batch)
+
+
+@functools.lru_cache(maxsize=8)
+def _database(project: str, instance: str, database: str) -> Database:
+    """One client per executor's Python worker and database: Spark reuses its workers across
+    tasks, and a client (sessions, channels) costs far more than a query."""
+    return spanner.Client(project=project).instance(instance).database(database)
