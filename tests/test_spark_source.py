@@ -3,15 +3,31 @@ the same change log as the service, exactly once through kills of its driver."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
+from pyspark.errors import StreamingQueryException
+
+from ingest.changestream.opening import StreamAddress, open_stream
+from ingest.delta.batcher import WatchedColumnsPoll
+from ingest.delta.sink import DeltaChangeLogSink
+from ingest.sparksource.landing import BatchLanding
+from ingest.sparksource.run import owner_of, start_query
+from ingest.sparksource.source import SourceOptions
+from runtime.logs import null_logger
+from tests.builders import captured_logger
 from tests.checks import start_after_setup
 from tests.delta_checks import assert_change_log_invariants
-from tests.processes import SparkSource, background_workload, wait_until_landed
+from tests.processes import Service, SparkSource, background_workload, wait_until_landed
+
+JOB = "spark-source-test"
+NO_WATCH = WatchedColumnsPoll(None, 10.0, null_logger())
 
 
 def test_the_spark_source_lands_every_transaction_once_whole_and_in_order_through_driver_kills(
@@ -53,3 +69,113 @@ def test_the_spark_source_lands_every_transaction_once_whole_and_in_order_throug
     landed = [e for e in source.events() if e["event"] == "spark_batch"]
     assert any(b["cut_lowered"] for b in landed), "churn never lowered a batch's cut"
     assert len({v.checkpoint.owner for v in versions if v.checkpoint}) == 1
+
+
+class CrashingLanding:
+    """The landing, failing the query (as a driver dying would) before or after landing the
+    ``at``-th batch of this run: Spark has written that batch's offsets, not its commit."""
+
+    def __init__(self, landing: BatchLanding, at: int, after_landing: bool) -> None:
+        self.landing, self.at, self.after_landing, self.seen = landing, at, after_landing, 0
+
+    def __call__(self, frame: Any, batch_id: int) -> None:
+        self.seen += 1
+        if self.seen == self.at and not self.after_landing:
+            raise RuntimeError("driver died before landing")
+        self.landing(frame, batch_id)
+        if self.seen == self.at:
+            raise RuntimeError("driver died after landing")
+
+
+def test_a_batch_spark_replays_lands_once_and_admission_control_bounds_batches(
+    spanner_emulator: str, new_database, spark, tmp_path: Path
+) -> None:
+    """In-process on the PostgreSQL dialect: the query fails after landing a batch, then before
+    landing one; each restart replays that batch from Spark's offset log, and the change log
+    holds every transaction once. Batches hold at most about the records limit."""
+    database = new_database("postgresql")
+    table, checkpoint, owner = tmp_path / "changelog", tmp_path / "checkpoint", "spark-test"
+    sink = DeltaChangeLogSink(str(table), JOB, owner)
+    sink.continue_after(None)
+    sink.start_job(start_after_setup())
+    opened = open_stream(
+        StreamAddress("local-project", "local-instance", database.database_id, "all_changes")
+    )
+    options = SourceOptions(
+        "local-project",
+        "local-instance",
+        database.database_id,
+        "all_changes",
+        opened.dialect.value,
+        opened.info.mutable_key_range,
+        str(table),
+        JOB,
+        heartbeat_ms=500,
+        max_batch_span_s=5,
+        max_records_per_batch=40,
+    )
+    thread, _, committed = background_workload(database, seconds=15, rate=20, seed=7)
+    log, events = captured_logger()
+    runs = [
+        CrashingLanding(
+            BatchLanding(DeltaChangeLogSink(str(table), JOB, owner), owner, NO_WATCH, log),
+            at,
+            after,
+        )
+        for at, after in ((3, True), (2, False))
+    ]
+    for run in runs:
+        query = start_query(spark, options, run, str(checkpoint), 0.5)
+        with pytest.raises(StreamingQueryException, match="driver died"):
+            query.awaitTermination(180)
+    outcomes = [e["outcome"] for e in events if e["event"] == "spark_batch"]
+    assert outcomes[3] == "replayed", outcomes
+    final = BatchLanding(DeltaChangeLogSink(str(table), JOB, owner), owner, NO_WATCH, log)
+    query = start_query(spark, options, final, str(checkpoint), 0.5)
+    try:
+        thread.join()
+        wait_until_landed(table, len(committed), timeout=180)
+    finally:
+        query.stop()
+    assert_change_log_invariants(table, committed)
+    batches = [e for e in events if e["event"] == "spark_batch"]
+    # unbounded, a catch-up batch holds 5 s of the workload: about 300 rows
+    assert max(b["rows"] + b["rows_above_cut"] for b in batches) <= 40 + 2 * 10, batches
+
+
+def test_a_change_log_handed_from_the_service_to_the_spark_source_and_back(
+    new_database, tmp_path: Path
+) -> None:
+    """Service, Spark source, service, Spark source, service: each stops cleanly (its lease
+    released) while the workload runs, the next continues from the newest checkpoint, and the
+    change log passes the same checks as one writer's."""
+    database = new_database("googlesql")
+    table, start = tmp_path / "changelog", start_after_setup()
+    service = Service(database.database_id, table, tmp_path / "ingest.log", start)
+    source = SparkSource(
+        database.database_id,
+        table,
+        tmp_path / "spark-checkpoint",
+        tmp_path / "spark-source.log",
+        start,
+    )
+    thread, _, committed = background_workload(database, seconds=45, rate=20, seed=11)
+    turns = [(service, "delta_commit"), (source, "spark_batch")] * 2 + [(service, "delta_commit")]
+    for writer, event in turns:
+        landed = writer.count(event)
+        process = writer.start()
+        try:
+            writer.wait_for(event, landed + 3, timeout=180, process=process)
+            if (writer, event) == turns[-1]:
+                thread.join()
+                wait_until_landed(table, len(committed), timeout=180)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=90) == 0
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    versions = assert_change_log_invariants(table, committed)
+    owners = [v.checkpoint.owner for v in versions if v.checkpoint]
+    handovers = [o for o, n in itertools.pairwise(owners) if o != n]
+    assert len(handovers) == 4, f"writers in turn: {handovers}"
+    assert owner_of(str(tmp_path / "spark-checkpoint")) in owners

@@ -14,6 +14,7 @@ import hashlib
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,17 +158,7 @@ def _stream(
     log: Logger,
     stop: threading.Event,
 ) -> None:
-    session.dataSource.register(ChangeStreamDataSource)
-    query = (
-        session.readStream.format(NAME)
-        .options(**options.to_options())
-        .load()
-        .writeStream.foreachBatch(landing)
-        .option("checkpointLocation", spark.checkpoint_uri)
-        .trigger(processingTime=f"{spark.trigger_s} seconds")
-        .queryName(f"changelog-{options.job_id}")
-        .start()
-    )
+    query = start_query(session, options, landing, spark.checkpoint_uri, spark.trigger_s)
     log.info("spark_source_started", master=spark.master, checkpoint_uri=spark.checkpoint_uri)
     while query.isActive and not stop.wait(0.5):
         pass
@@ -176,6 +167,27 @@ def _stream(
     if failure is not None:
         raise SparkQueryFailed(_first_line(str(failure)))
     log.info("spark_source_stopped")
+
+
+def start_query(
+    session: Any,
+    options: SourceOptions,
+    on_batch: Callable[[Any, int], None],
+    checkpoint_uri: str,
+    trigger_s: float,
+) -> Any:
+    """The streaming query: the change stream source, each batch handed to ``on_batch``."""
+    session.dataSource.register(ChangeStreamDataSource)
+    return (
+        session.readStream.format(NAME)
+        .options(**options.to_options())
+        .load()
+        .writeStream.foreachBatch(on_batch)
+        .option("checkpointLocation", checkpoint_uri)
+        .trigger(processingTime=f"{trigger_s} seconds")
+        .queryName(f"changelog-{options.job_id}")
+        .start()
+    )
 
 
 class SparkQueryFailed(ReportedError, RuntimeError):
