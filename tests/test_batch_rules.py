@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -34,6 +35,7 @@ from ingest.rules.batches import (
     BatchPlanError,
     PartitionRead,
     PartitionReport,
+    children_to_follow,
     cut_batch,
     plan_batch,
     stops_at_limit,
@@ -95,12 +97,18 @@ def run_batch(
     reads = plan_batch(resume, end, max_partitions, max_records)
     assert reads, "a batch past the watermark always has a partition to read"
     data: list[DataChangeRecord] = []
-    reports = []
-    for read in reads:
-        records, report = read_task(streams[read.token], read)
-        data += records
-        reports.append(report)
-    random.Random(end).shuffle(reports)
+    tasks = []
+    for planned in reads:
+        queue, reports = [planned], []
+        while queue:
+            read = queue.pop(0)
+            records, report = read_task(streams[read.token], read)
+            data += records
+            queue += children_to_follow(read, report)
+            reports.append(replace(report, followed=read is not planned))
+        tasks.append(reports)
+    random.Random(end).shuffle(tasks)
+    reports = [report for task in tasks for report in task]
     cut = cut_batch(resume, end, reports)
     assert resume.low_watermark <= cut.low_watermark <= end
     return whole_transactions(data, resume.low_watermark, cut.low_watermark), cut
@@ -146,10 +154,16 @@ def test_batches_land_every_transaction_once_whole_and_in_commit_order(
     assert (again, cut_again) == first, "a replayed batch plans and cuts the same"
 
 
-def test_a_child_found_in_a_batch_lowers_the_cut_below_its_start() -> None:
+def test_a_merge_found_in_a_batch_lowers_the_cut_below_its_start() -> None:
     topology = build_topology(random.Random(7), events=3, transactions=10)
     streams = topology.records_by_partition()
-    first_end = min(p.end for p in topology.partitions.values() if p.end is not None)
+    merges = [
+        p
+        for p in topology.partitions.values()
+        if len(p.children) == 1 and len(p.children[0][1]) == 2
+    ]
+    assert merges, "the topology of seed 7 merges"
+    first_end = min(p.end for p in merges if p.end is not None)
     resume = start_point(topology.start)
     _, resume = run_batch(streams, resume, topology.start + 1, None, None)
     assert resume.low_watermark == topology.start - 1, "the initial query's children start at T0"

@@ -46,9 +46,10 @@ def test_on_a_standalone_cluster_an_executor_and_the_driver_killed_mid_batch_los
     new_database, tmp_path: Path
 ) -> None:
     """The Spark source on a loopback standalone cluster (two workers of one core) against the
-    emulator churning partitions every 1 to 2 s, after the job's snapshot: kill -9 of an executor while batches run, then
-    of the driver (its JVM with it), restarts; every committed transaction once, whole, in
-    order, and the pipeline's mirrors equal Spanner at the change log's W."""
+    emulator churning partitions every 1 to 2 s, after the job's snapshot: kill -9 of an
+    executor while batches run, then of the driver (its JVM with it), restarts; every committed
+    transaction once, whole, in order, and the pipeline's mirrors equal Spanner at the change
+    log's W."""
     seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
     rng = random.Random(seed)
     database, start = new_database("googlesql"), start_after_setup()
@@ -102,7 +103,7 @@ def test_on_a_standalone_cluster_an_executor_and_the_driver_killed_mid_batch_los
     _, comparisons = compare_at_watermark(database, str(table), str(tmp_path / "mirrors"))
     assert_mirrors_equal(comparisons, f"seed {seed}")
     batches = [e for e in source.events() if e["event"] == "spark_batch"]
-    assert any(b["cut_lowered"] for b in batches), "churn never lowered a batch's cut"
+    assert any(b["partitions"] > 2 for b in batches), "no task followed a partition's child"
     assert len(committed) >= 100 and all(c.mirror_rows > 0 for c in comparisons), comparisons
 
 

@@ -3,13 +3,16 @@ docs/scaling.md): which partitions a batch reads, and the consistent cut it reac
 task has reported.
 
 A batch starts from a resume point (low watermark W, the partitions to query) and an end E. Every
-ready partition, up to a limit, is read by one task from its resume timestamp to E. Tasks cannot
-read partitions the batch discovers (children of a partition that ended at S, or partitions a
-partition start record announces at S), so the batch's cut is the tracker's low watermark once
-every report is applied: below every such S and below every partition not read to E. Everything
-at or below the cut was read by every partition alive then, so each transaction at or below it is
-whole within the batch; what tasks read above it is read again by the next batch, which starts
-from the cut's resume point.
+ready partition, up to a limit, is read from its resume timestamp to E (tasks read groups of
+them). A partition that splits or moves within the batch (a child partitions record at S whose
+children have it as their only parent) is followed by the same task: its children are read from
+S to E, as nothing else waits for them. Other partitions the batch discovers (a merge's child,
+which waits for all its parents; partitions a partition start record announces) are read by the
+next batch, so the batch's cut is the tracker's low watermark once every report is applied:
+below every such S and below every partition not read to E. Everything at or below the cut was
+read by every partition alive then, so each transaction at or below it is whole within the batch;
+what tasks read above it is read again by the next batch, which starts from the cut's resume
+point.
 
 Pure: the same tracker (``rules.partitions``) as the service applies the lineage rules, on the
 driver, from the tasks' reports; records themselves never pass through it.
@@ -20,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ingest.model.records import ChangeRecord, HeartbeatRecord
+from ingest.model.records import ChangeRecord, ChildPartitionsRecord, HeartbeatRecord
 from ingest.model.resume import ResumePoint
 from ingest.model.timestamps import Nanos
 from ingest.rules.coordinator import Coordinator
+from ingest.rules.partitions import INITIAL_PARTITION
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +54,8 @@ class PartitionReport:
     query closed cleanly there."""
     closed: bool
     """The query closed cleanly. False when the task stopped at its records limit."""
+    followed: bool = False
+    """A child the task read after its only parent ended within the batch (not planned)."""
 
 
 def stops_at_limit(read: PartitionRead, records_read: int, watermark: Nanos) -> bool:
@@ -60,6 +66,23 @@ def stops_at_limit(read: PartitionRead, records_read: int, watermark: Nanos) -> 
         and records_read >= read.max_records
         and watermark >= read.start
     )
+
+
+def children_to_follow(read: PartitionRead, report: PartitionReport) -> list[PartitionRead]:
+    """The children a task reads after their parent within the batch: those of a split or move
+    (the parent is their only parent), once the parent's query closed at its last record. Not
+    the initial query's (the stream's first partitions are planned over tasks by the next
+    batch), not a merge's (it waits for every parent), not announced partitions (two parents
+    may announce one)."""
+    if not report.closed or read.token == INITIAL_PARTITION:
+        return []
+    return [
+        PartitionRead(child.token, record.start_timestamp, read.end, read.max_records)
+        for record in report.lineage
+        if isinstance(record, ChildPartitionsRecord)
+        for child in record.child_partitions
+        if child.parent_partition_tokens == (read.token,)
+    ]
 
 
 class BatchPlanError(RuntimeError):
@@ -93,13 +116,14 @@ def cut_batch(resume: ResumePoint, end: Nanos, reports: Iterable[PartitionReport
     """The batch's consistent cut and where the next batch resumes, from every task's report.
 
     A partition that closed but read past the cut (its records above it are dropped) is queried
-    again from the cut, as after a restart; the children it reported wait for it again.
+    again from the cut, as after a restart; the children it reported wait for it again. Reports
+    of followed children come after their parent's, in the order their task read them.
     """
     coordinator = _coordinator(resume)
     tracker = coordinator.tracker
     ready = {p.token: p for p in tracker.take_ready()}
-    for report in reports:
-        partition = ready.pop(report.token, None)
+    for report in sorted(reports, key=lambda r: r.followed):  # sorted() is stable
+        partition = (tracker.take_child if report.followed else ready.pop)(report.token, None)
         if partition is None:
             raise BatchPlanError(
                 f"partition {report.token!r} reported twice or was not ready in this batch"

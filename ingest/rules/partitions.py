@@ -180,6 +180,17 @@ class PartitionTracker:
             self._log.info("partition_scheduled", partition_token=partition.token)
         return taken
 
+    def take_child(self, token: str, default: None = None) -> Partition | None:
+        """SCHEDULED now: a CREATED partition whose parents have all finished (a child a Spark
+        source's task read after its parent in the same batch); ``default`` otherwise."""
+        partition = self._created.get(token)
+        if partition is None or not partition.parent_tokens <= self._finished.keys():
+            return default
+        partition.state = PartitionState.SCHEDULED
+        del self._created[token]
+        self._log.info("partition_scheduled", partition_token=token)
+        return partition
+
     def mark_running(self, token: str, query_start: Nanos) -> None:
         partition = self._get(token)
         if partition.state not in (PartitionState.SCHEDULED, PartitionState.RUNNING):

@@ -38,7 +38,8 @@ class LandedBatch:
     """The job's change-log version this batch landed; None when it landed nothing."""
     low_watermark: Nanos
     end: Nanos
-    tasks: int
+    partitions: int
+    """Partitions read: those planned and the children tasks followed."""
     transactions: int
     rows: int
     rows_above_cut: int
@@ -107,7 +108,7 @@ class BatchLanding:
             outcome=outcome,
             version=version,
             planned_from_version=identity.version,
-            tasks=len(reports),
+            partitions=len(reports),
             transactions=transactions,
             rows=below.num_rows,
             rows_above_cut=landed.rows_above_cut,
@@ -145,8 +146,11 @@ def _reports(texts: list[str]) -> tuple[list[PartitionReport], BatchIdentity]:
     if len(identities) != 1:
         raise BatchPlanError(f"one batch's tasks name different batches: {identities}")
     (identity,) = identities
-    if len(parsed) != identity.tasks:
-        raise BatchPlanError(f"{len(parsed)} of the batch's {identity.tasks} tasks reported")
+    planned = sum(not report.followed for report, _ in parsed)
+    if planned != identity.partitions:
+        raise BatchPlanError(
+            f"{planned} of the batch's {identity.partitions} planned partitions reported"
+        )
     return [report for report, _ in parsed], identity
 
 

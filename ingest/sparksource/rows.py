@@ -44,11 +44,11 @@ SPARK_SCHEMA = ", ".join(f"{f.name} {SPARK_TYPES[f.type]}" for f in SOURCE_SCHEM
 @dataclass(frozen=True, slots=True)
 class BatchIdentity:
     """The batch a task belongs to: the job's change-log version it was planned from, its end,
-    and how many tasks it planned (the driver checks that every one reported)."""
+    and how many partitions it planned (the driver checks that every one reported)."""
 
     version: int
     end: Nanos
-    tasks: int
+    partitions: int
 
 
 def data_rows(records: Iterable[DataChangeRecord]) -> pa.RecordBatch:
@@ -77,10 +77,11 @@ def report_json(report: PartitionReport, batch: BatchIdentity) -> str:
         {
             "version": batch.version,
             "end": to_rfc3339(batch.end),
-            "tasks": batch.tasks,
+            "partitions": batch.partitions,
             "token": report.token,
             "watermark": to_rfc3339(report.watermark),
             "closed": report.closed,
+            "followed": report.followed,
             "lineage": [_lineage_json(r) for r in report.lineage],
         },
         separators=(",", ":"),
@@ -94,8 +95,9 @@ def parse_report(text: str) -> tuple[PartitionReport, BatchIdentity]:
         tuple(_lineage_record(r) for r in data["lineage"]),
         parse_rfc3339(data["watermark"]),
         data["closed"],
+        data["followed"],
     )
-    return report, BatchIdentity(data["version"], parse_rfc3339(data["end"]), data["tasks"])
+    return report, BatchIdentity(data["version"], parse_rfc3339(data["end"]), data["partitions"])
 
 
 def _lineage_json(record: ChangeRecord) -> dict[str, Any]:

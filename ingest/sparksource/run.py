@@ -49,6 +49,7 @@ class SparkSourceConfig:
     max_batch_span_s: float = 60.0
     max_partitions_per_batch: int = 0
     max_records_per_batch: int = 0
+    partitions_per_task: int = 8
 
 
 SPARK_ENVIRONMENT = {
@@ -58,6 +59,7 @@ SPARK_ENVIRONMENT = {
     "max_batch_span_s": "INGEST_SPARK_MAX_BATCH_SPAN_S",
     "max_partitions_per_batch": "INGEST_SPARK_MAX_PARTITIONS_PER_BATCH",
     "max_records_per_batch": "INGEST_SPARK_MAX_RECORDS_PER_BATCH",
+    "partitions_per_task": "INGEST_SPARK_PARTITIONS_PER_TASK",
 }
 SPARK_PARSERS = {
     "master": non_empty,
@@ -66,6 +68,7 @@ SPARK_PARSERS = {
     "max_batch_span_s": seconds(1, 1_800),
     "max_partitions_per_batch": integer(0, 1_000_000),
     "max_records_per_batch": in_range(int, "records", 0, 1_000_000_000),
+    "partitions_per_task": integer(1, 100_000),
 }
 
 
@@ -135,6 +138,7 @@ def run_spark_source(
         spark.max_batch_span_s,
         spark.max_partitions_per_batch,
         spark.max_records_per_batch,
+        spark.partitions_per_task,
     )
     watched = WatchedColumnsPoll(
         lambda at: read_watched_columns(opened.database, config.stream, opened.dialect, at),

@@ -31,7 +31,7 @@ from ingest.model.records import DataChangeRecord
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339, to_rfc3339
 from ingest.rules.batches import PartitionRead, plan_batch
 from ingest.sparksource.rows import SPARK_SCHEMA, BatchIdentity, data_rows, report_row
-from ingest.sparksource.task import read_partition
+from ingest.sparksource.task import read_partitions
 
 NAME = "spanner_change_stream"
 ROWS_PER_ARROW_BATCH = 4096
@@ -58,8 +58,11 @@ class SourceOptions:
     max_partitions_per_batch: int = 0
     """Tasks per batch, lowest watermark first (0: every ready partition)."""
     max_records_per_batch: int = 0
-    """Data change records per batch, shared among its tasks (0: no limit); Spark's
+    """Data change records per batch, shared among its partitions (0: no limit); Spark's
     ``ReadMaxRows``."""
+    partitions_per_task: int = 8
+    """Partitions one task reads, one after the other: a task costs Spark far more than a
+    query, so thousands of partitions go in groups."""
 
     def to_options(self) -> dict[str, str]:
         return {f.name: str(getattr(self, f.name)) for f in fields(self)}
@@ -76,11 +79,13 @@ class SourceOptions:
 
 
 class TaskInput(InputPartition):
-    """One task: what it reads, the batch it reports to, and how it reaches Spanner."""
+    """One task: the partitions it reads, the batch it reports to, how it reaches Spanner."""
 
-    def __init__(self, read: PartitionRead, batch: BatchIdentity, options: SourceOptions) -> None:
-        super().__init__(read.token)
-        self.read = read
+    def __init__(
+        self, reads: list[PartitionRead], batch: BatchIdentity, options: SourceOptions
+    ) -> None:
+        super().__init__(len(reads))
+        self.reads = reads
         self.batch = batch
         self.options = options
 
@@ -143,7 +148,10 @@ class ChangeStreamStreamReader(DataSourceStreamReader):
             per_task = max(1, math.ceil(end["max_records"] / max(1, len(reads))))
             reads = plan_batch(resume, batch_end, limit, per_task)
         batch = BatchIdentity(version, batch_end, len(reads))
-        return [TaskInput(read, batch, self.options) for read in reads]
+        size = self.options.partitions_per_task
+        return [
+            TaskInput(reads[i : i + size], batch, self.options) for i in range(0, len(reads), size)
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, TaskInput)
@@ -157,7 +165,7 @@ class ChangeStreamStreamReader(DataSourceStreamReader):
         )
         pending: list[DataChangeRecord] = []
         pending_rows = 0
-        for item in read_partition(source, task.read, RetryPolicy(), time.sleep):
+        for item in read_partitions(source, task.reads, RetryPolicy(), time.sleep):
             if isinstance(item, DataChangeRecord):
                 pending.append(item)
                 pending_rows += len(item.mods)

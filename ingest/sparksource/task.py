@@ -8,7 +8,7 @@ timestamp above the watermark come again and are skipped, so a task never yields
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tenacity import Retrying, retry_if_exception, wait_exponential_jitter
 
@@ -22,7 +22,12 @@ from ingest.model.records import (
     PartitionStartRecord,
 )
 from ingest.model.timestamps import Nanos
-from ingest.rules.batches import PartitionRead, PartitionReport, stops_at_limit
+from ingest.rules.batches import (
+    PartitionRead,
+    PartitionReport,
+    children_to_follow,
+    stops_at_limit,
+)
 from ingest.rules.partitions import INITIAL_PARTITION, ends_partition, watermark_after
 
 LINEAGE = (ChildPartitionsRecord, PartitionStartRecord, PartitionEndRecord)
@@ -38,6 +43,25 @@ class _Progress:
     at_frontier: set[tuple[str, str]] = field(default_factory=set)
     """Records yielded above the watermark: a retried query returns them again."""
     failures_without_progress: int = 0
+
+
+def read_partitions(
+    source: ChangeStreamSource,
+    reads: list[PartitionRead],
+    retry: RetryPolicy,
+    sleep: Callable[[float], None],
+) -> Iterator[DataChangeRecord | PartitionReport]:
+    """A task's group of partitions, one after the other, each followed by the children it
+    split or moved into within the batch (``rules.batches.children_to_follow``)."""
+    for planned in reads:
+        queue = [planned]
+        while queue:
+            read = queue.pop(0)
+            for item in read_partition(source, read, retry, sleep):
+                if isinstance(item, PartitionReport):
+                    queue += children_to_follow(read, item)
+                    item = replace(item, followed=read is not planned)
+                yield item
 
 
 def read_partition(
