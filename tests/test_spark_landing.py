@@ -15,7 +15,7 @@ from ingest.model.records import ChildPartition, ChildPartitionsRecord, DataChan
 from ingest.model.resume import ResumablePartition, ResumablePartitions, ResumePoint
 from ingest.rules.assembler import IncompleteTransactionError
 from ingest.rules.batches import PartitionReport, plan_batch
-from ingest.sparksource.landing import BatchLanding, DuplicateRecordError
+from ingest.sparksource.landing import BatchLanding, DuplicateRecordError, LandedBatch
 from ingest.sparksource.rows import (
     SOURCE_SCHEMA,
     BatchIdentity,
@@ -23,6 +23,7 @@ from ingest.sparksource.rows import (
     parse_report,
     report_json,
     report_row,
+    task_batches,
 )
 from runtime.logs import null_logger
 from tests.builders import record
@@ -45,8 +46,21 @@ def job_at(tmp_path: Path, owner: str = "spark-a") -> DeltaChangeLogSink:
     return sink
 
 
-def landing(sink: DeltaChangeLogSink, owner: str = "spark-a") -> BatchLanding:
-    return BatchLanding(sink, owner, WatchedColumnsPoll(None, 10.0, null_logger()), null_logger())
+class Landing:
+    """The landing under test; every batch here plans something, so each lands a result."""
+
+    def __init__(self, sink: DeltaChangeLogSink, owner: str) -> None:
+        watched = WatchedColumnsPoll(None, 10.0, null_logger())
+        self.landing = BatchLanding(sink, owner, watched, null_logger())
+
+    def land(self, table: pa.Table, batch_id: int) -> LandedBatch:
+        landed = self.landing.land(table, batch_id)
+        assert landed is not None
+        return landed
+
+
+def landing(sink: DeltaChangeLogSink, owner: str = "spark-a") -> Landing:
+    return Landing(sink, owner)
 
 
 def batch(
@@ -139,3 +153,28 @@ def test_a_report_round_trips_and_the_plan_is_what_the_checkpoint_says() -> None
     assert parse_report(report_json(report, identity)) == (report, identity)
     reads = plan_batch(resume_at(START + 99, "p1", "p2"), START + 200)
     assert [(r.token, r.start) for r in reads] == [("p1", START + 100), ("p2", START + 100)]
+
+
+def test_a_batch_that_planned_nothing_lands_nothing(tmp_path: Path) -> None:
+    sink = job_at(tmp_path)
+    empty = pa.Table.from_batches([], schema=SOURCE_SCHEMA)
+    assert landing(sink).landing.land(empty, 0) is None
+    assert len(read_versions(tmp_path / "changelog")) == 2
+
+
+def test_a_tasks_output_holds_each_row_once_and_each_report_after_its_rows() -> None:
+    identity = BatchIdentity(2, START + 500, 2)
+    first = [record(START + 100 + n, f"tx-{n}", 0, 1) for n in range(5)]
+    second = [record(START + 200 + n, f"ty-{n}", 0, 1) for n in range(3)]
+    items: list[DataChangeRecord | PartitionReport] = [
+        *first,
+        closed("p1", START + 500),
+        *second,
+        closed("p2", START + 500),
+    ]
+    batches = list(task_batches(items, identity, rows_per_batch=2))
+    table = pa.Table.from_batches(batches, schema=SOURCE_SCHEMA)
+    ids = [t for t in table["server_transaction_id"].to_pylist() if t is not None]
+    assert ids == [r.server_transaction_id for r in first + second]
+    reports = [i for i, r in enumerate(table["report"].to_pylist()) if r is not None]
+    assert reports == [5, 9], "each report follows its partition's rows"

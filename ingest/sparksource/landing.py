@@ -74,7 +74,11 @@ class BatchLanding:
     def __call__(self, frame: object, batch_id: int) -> None:
         self.land(frame.toArrow(), batch_id)  # type: ignore[attr-defined]
 
-    def land(self, batch: pa.Table, batch_id: int) -> LandedBatch:
+    def land(self, batch: pa.Table, batch_id: int) -> LandedBatch | None:
+        """None for a batch that planned nothing (Spark's first batch of a job whose start has
+        not settled yet: its offsets are equal)."""
+        if batch.num_rows == 0:
+            return None
         is_report = pc.is_valid(batch[REPORT])
         reports, identity = _reports(batch.filter(is_report)[REPORT].to_pylist())
         checkpoint = self._sink.checkpoint(identity.version)

@@ -5,7 +5,7 @@ per task (its partition's lineage records, watermark, and the batch it belongs t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,28 @@ class BatchIdentity:
     version: int
     end: Nanos
     partitions: int
+
+
+def task_batches(
+    items: Iterable[DataChangeRecord | PartitionReport], batch: BatchIdentity, rows_per_batch: int
+) -> Iterator[pa.RecordBatch]:
+    """A task's output: its records' rows in batches of about ``rows_per_batch``, and each
+    partition's report after the rows of that partition."""
+    pending: list[DataChangeRecord] = []
+    rows = 0
+    for item in items:
+        if isinstance(item, DataChangeRecord):
+            pending.append(item)
+            rows += len(item.mods)
+            if rows < rows_per_batch:
+                continue
+        if pending:
+            yield data_rows(pending)
+            pending, rows = [], 0
+        if isinstance(item, PartitionReport):
+            yield report_row(item, batch)
+    if pending:
+        yield data_rows(pending)
 
 
 def data_rows(records: Iterable[DataChangeRecord]) -> pa.RecordBatch:

@@ -145,7 +145,7 @@ def run_spark_source(
         config.watched_columns_interval_s,
         log,
     )
-    session = _session(spark)
+    session = spark_session(spark)
     try:
         _stream(session, options, spark, BatchLanding(sink, owner, watched, log), log, stop)
     finally:
@@ -202,7 +202,7 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0][:500] if text.strip() else "unknown failure"
 
 
-def _session(spark: SparkSourceConfig) -> Any:
+def spark_session(spark: SparkSourceConfig) -> Any:
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -27,14 +27,14 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from ingest.changestream.query import ChangeStreamQuery, Dialect
 from ingest.changestream.retries import RetryPolicy
 from ingest.delta.sink import DeltaChangeLogSink
-from ingest.model.records import DataChangeRecord
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339, to_rfc3339
 from ingest.rules.batches import PartitionRead, plan_batch
-from ingest.sparksource.rows import SPARK_SCHEMA, BatchIdentity, data_rows, report_row
+from ingest.sparksource.rows import SPARK_SCHEMA, BatchIdentity, task_batches
 from ingest.sparksource.task import read_partitions
 
 NAME = "spanner_change_stream"
 ROWS_PER_ARROW_BATCH = 4096
+"""Change-log rows per Arrow batch a task hands Spark: memory per task stays bounded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,19 +163,8 @@ class ChangeStreamStreamReader(DataSourceStreamReader):
             options.heartbeat_ms,
             options.mutable_key_range,
         )
-        pending: list[DataChangeRecord] = []
-        pending_rows = 0
-        for item in read_partitions(source, task.reads, RetryPolicy(), time.sleep):
-            if isinstance(item, DataChangeRecord):
-                pending.append(item)
-                pending_rows += len(item.mods)
-                if pending_rows >= ROWS_PER_ARROW_BATCH:
-                    yield data_rows(pending)
-                    pending, pending_rows = [], 0
-                continue
-            if pending:
-                yield data_rows(pending)
-            yield report_row(item, task.batch)
+        items = read_partitions(source, task.reads, RetryPolicy(), time.sleep)
+        yield from task_batches(items, task.batch, ROWS_PER_ARROW_BATCH)
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,0 +1,75 @@
+"""A Spark source driver for the scripted server, in a process of its own: ``spark-run`` opens
+its stream through Spanner's information schema, which the scripted server does not serve, so
+this driver starts the job and runs the same query (``start_query``, ``BatchLanding``) until the
+change log's low watermark reaches ``--until``. Its executors find the server as the client finds
+an emulator (``SPANNER_EMULATOR_HOST``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from ingest.delta.batcher import WatchedColumnsPoll
+from ingest.delta.sink import DeltaChangeLogSink
+from ingest.model.timestamps import parse_rfc3339
+from ingest.sparksource.landing import BatchLanding, LandedBatch
+from ingest.sparksource.run import SparkSourceConfig, spark_session, start_query
+from ingest.sparksource.source import SourceOptions
+from runtime.logs import make_logger
+
+JOB = "scripted.s"
+OWNER = "spark-scripted"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--table", required=True)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--start", required=True)
+    parser.add_argument("--until", required=True)
+    parser.add_argument("--mutable-key-range", action="store_true")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--partitions-per-task", type=int, default=100)
+    args = parser.parse_args()
+    os.environ["SPANNER_EMULATOR_HOST"] = f"127.0.0.1:{args.port}"
+    log = make_logger(sys.stdout).bind(job_id=JOB)
+    sink = DeltaChangeLogSink(args.table, JOB, OWNER, log=log)
+    checkpoint = sink.latest_checkpoint()
+    sink.continue_after(checkpoint)
+    if checkpoint is None:
+        sink.start_job(parse_rfc3339(args.start))
+    options = SourceOptions(
+        "scripted",
+        "scripted",
+        "scripted",
+        "s",
+        "googlesql",
+        args.mutable_key_range,
+        args.table,
+        JOB,
+        partitions_per_task=args.partitions_per_task,
+    )
+    until = parse_rfc3339(args.until)
+    reached: list[LandedBatch] = []
+    landing = BatchLanding(
+        sink,
+        OWNER,
+        WatchedColumnsPoll(None, 10.0, log),
+        log,
+        on_landed=lambda batch: reached.append(batch) if batch.low_watermark >= until else None,
+    )
+    session = spark_session(SparkSourceConfig(master=args.master))
+    query = start_query(session, options, landing, args.checkpoint, 0.5)
+    log.info("spark_source_started")
+    while not reached and query.isActive:
+        time.sleep(0.2)
+    query.stop()
+    session.stop()
+    return 0 if reached else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

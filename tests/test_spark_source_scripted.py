@@ -1,0 +1,111 @@
+"""The Spark source at 2,000 partitions on the scripted server (in a process of its own, serving
+in real time), in both partition modes: splits, moves and merges, or partitions announced and
+ended with key ranges moving between them. The driver is killed at a random batch and restarted;
+the change log holds every transaction once, whole, in commit order."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ingest.contract.changelog import SCHEMA_ROW, SNAPSHOT_ROW
+from ingest.model.records import Transaction
+from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339, to_rfc3339
+from tests.delta_checks import read_versions
+from tests.scripted_spanner import Script, parents_of
+from tests.simulation import build_wide_topology, mutable_key_range_streams
+
+PARTITIONS = 2_000
+HORIZON_S = 20
+
+
+def serve(script: Script, path: Path) -> tuple[subprocess.Popen[str], int]:
+    path.write_bytes(pickle.dumps(script))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.scripted_spanner", "--script", str(path), "--workers", "256"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert server.stdout is not None
+    return server, int(server.stdout.readline())
+
+
+def landed_in_order(table: Path) -> list[tuple[int, str, int]]:
+    """(commit timestamp, transaction id, records) of each landed transaction, version by
+    version, as the change log lists them."""
+    landed: dict[str, tuple[int, str, set[str]]] = {}
+    for version in read_versions(table):
+        for row in version.rows:
+            if row["mod_type"] in (SCHEMA_ROW, SNAPSHOT_ROW):
+                continue
+            txid = row["server_transaction_id"]
+            stamp = parse_rfc3339(row["commit_timestamp_text"])
+            landed.setdefault(txid, (stamp, txid, set()))[2].add(row["record_sequence"])
+    return [(stamp, txid, len(records)) for stamp, txid, records in landed.values()]
+
+
+@pytest.mark.parametrize("mutable_key_range", [False, True])
+def test_two_thousand_partitions_through_a_driver_restart_land_once_whole_in_order(
+    no_emulator: None, mutable_key_range: bool, tmp_path: Path
+) -> None:
+    rng = random.Random(2_028)
+    start = time.time_ns() + 20 * NANOS_PER_SECOND  # after Spark's start
+    topology = build_wide_topology(
+        rng,
+        partitions=PARTITIONS,
+        changes=12,
+        transactions=600,
+        start=start,
+        horizon=HORIZON_S * NANOS_PER_SECOND,
+    )
+    if mutable_key_range:
+        streams = mutable_key_range_streams(topology, rng)
+        script = Script(streams, mutable_key_range=True, live=True)
+    else:
+        streams = topology.records_by_partition()
+        script = Script(streams, parents=parents_of(streams), live=True)
+    server, port = serve(script, tmp_path / "script.pickle")
+    table, log = tmp_path / "changelog", tmp_path / "driver.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.spark_source_driver",
+        f"--port={port}",
+        f"--table={table}",
+        f"--checkpoint={tmp_path / 'checkpoint'}",
+        f"--start={to_rfc3339(topology.start)}",
+        f"--until={to_rfc3339(topology.end)}",
+        *(["--mutable-key-range"] if mutable_key_range else []),
+    ]
+    kill_after = rng.randint(2, 5)
+    try:
+        with log.open("ab") as out:
+            driver = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + 300
+        while log.read_text(errors="replace").count('"spark_batch"') < kill_after:
+            assert driver.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "no batch landed in time"
+            time.sleep(0.2)
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+        with log.open("ab") as out:
+            restarted = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=900)
+        assert restarted.returncode == 0, log.read_text(errors="replace")[-3000:]
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    expected: list[Transaction] = topology.expected()
+    assert landed_in_order(table) == [
+        (t.commit_timestamp, t.server_transaction_id, len(t.records)) for t in expected
+    ]
