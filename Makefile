@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv jars test lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency bench-mirror-size bench-width clean
+.PHONY: run-spark venv jars test lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency bench-mirror-size bench-width clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,12 @@ RUN_SECONDS ?= 90
 RUN_RATE ?= 20
 run: venv jars
 	$(PY) -m emulator.local_run --seconds $(RUN_SECONDS) --rate $(RUN_RATE)
+
+# The same with the Spark source landing the change log on a loopback standalone cluster.
+RUN_SPARK_WORKERS ?= 2
+run-spark: venv jars
+	$(PY) -m emulator.local_run --seconds $(RUN_SECONDS) --rate $(RUN_RATE) \
+		--spark-cluster $(RUN_SPARK_WORKERS)
 
 bench-reader: venv
 	$(PY) bench/reader_throughput.py

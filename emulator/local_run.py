@@ -42,6 +42,7 @@ from emulator.run_report import (
     summarize,
 )
 from emulator.server import emulator
+from emulator.spark_cluster import StandaloneCluster
 from emulator.verify import (
     consistent_past,
 )
@@ -61,6 +62,9 @@ class RunOptions:
     rate: float
     folder: Path
     existing_rows: int = 20_000
+    spark_workers: int = 0
+    """0: the ingest service lands the change log; N: the Spark source does, on a loopback
+    standalone cluster of N one-core workers."""
     land_timeout_s: float = 90.0
     drain_timeout_s: float = 300.0
 
@@ -76,18 +80,38 @@ def parse_args(argv: list[str] | None) -> RunOptions:
         default=20_000,
         help="transfers the database holds before the services start (the snapshot's input)",
     )
+    parser.add_argument(
+        "--spark-cluster",
+        type=int,
+        default=0,
+        metavar="WORKERS",
+        help="land the change log with the Spark source on a loopback standalone cluster",
+    )
     args = parser.parse_args(argv)
-    if args.seconds <= 0 or args.rate <= 0 or args.existing_rows < 0:
-        parser.error("--seconds and --rate must be positive, --existing-rows not negative")
+    if args.seconds <= 0 or args.rate <= 0 or args.existing_rows < 0 or args.spark_cluster < 0:
+        parser.error(
+            "--seconds and --rate must be positive, --existing-rows and --spark-cluster "
+            "not negative"
+        )
     folder = Path(args.folder) if args.folder else Path(tempfile.mkdtemp(prefix="spanner-cdc-run-"))
     folder.mkdir(parents=True, exist_ok=True)
-    return RunOptions(args.seconds, args.rate, folder.resolve(), args.existing_rows)
+    return RunOptions(
+        args.seconds, args.rate, folder.resolve(), args.existing_rows, args.spark_cluster
+    )
 
 
-def product_processes(options: RunOptions, database: str) -> tuple[Process, Process]:
+def product_processes(
+    options: RunOptions, database: str, spark_master: str | None = None
+) -> tuple[Process, Process]:
+    """The ingest (``run``, or ``spark-run`` on ``spark_master``) and the pipeline."""
     folder = options.folder
+    spark = {
+        "INGEST_SPARK_MASTER": spark_master or "",
+        "INGEST_SPARK_CHECKPOINT_URI": str(folder / "spark-source-checkpoint"),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
     ingest = Process(
-        ["-m", "ingest", "run"],
+        ["-m", "ingest", "spark-run" if spark_master else "run"],
         folder / "ingest.log",
         {
             "SPANNER_DATABASE": database,
@@ -96,6 +120,7 @@ def product_processes(options: RunOptions, database: str) -> tuple[Process, Proc
             "INGEST_FLUSH_LATENCY_MS": "500",
             "INGEST_HEALTH_PORT": "0",
             "INGEST_SNAPSHOT_MODE": "initial",
+            **(spark if spark_master else {}),
         },
     )
     return ingest, pipeline_process(folder, folder / "changelog")
@@ -230,10 +255,18 @@ def _start(options: RunOptions, database: Any, name: str, stack: contextlib.Exit
     say(f"workload: {options.rate:g} transactions/s for {options.seconds:g} s")
     began = time.monotonic()
     thread.start()
-    ingest, pipeline = product_processes(options, name)
+    master = None
+    if options.spark_workers:
+        cluster = StandaloneCluster(options.folder / "spark-cluster")
+        stack.callback(cluster.stop)
+        cluster.start(options.spark_workers)
+        master = cluster.master_url
+        say(f"standalone cluster at {master} with {options.spark_workers} one-core workers")
+    ingest, pipeline = product_processes(options, name, master)
     say(
-        "starting the ingest service (snapshot_mode=initial: the existing rows at T0, then "
-        "the stream) and the pipeline (Spark takes 20-40 s to start)"
+        f"starting the ingest ({'the Spark source on the cluster' if master else 'the service'};"
+        " snapshot_mode=initial: the existing rows at T0, then the stream) and the pipeline "
+        "(Spark takes 20-40 s to start)"
     )
     ingest_process = ingest.start()
     pipeline_started_ns = time.time_ns()

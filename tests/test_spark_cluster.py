@@ -21,7 +21,7 @@ from tests.checks import (
 )
 from tests.processes import Pipeline, Service, background_workload, wait_until_landed
 from tests.scrapes import scrape_until, value
-from tests.spark_cluster import StandaloneCluster
+from emulator.spark_cluster import StandaloneCluster
 
 SPARK_MERGE_ABOVE = 200
 

@@ -35,7 +35,7 @@ from tests.processes import (
     background_workload,
     wait_until_landed,
 )
-from tests.spark_cluster import StandaloneCluster
+from emulator.spark_cluster import StandaloneCluster
 
 JOB = "spark-source-test"
 NO_WATCH = WatchedColumnsPoll(None, 10.0, null_logger())

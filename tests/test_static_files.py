@@ -15,9 +15,11 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 def test_the_configuration_reference_matches_the_code() -> None:
     from ingest.service.config import reference
+    from ingest.sparksource.run import spark_reference
     from pipeline.config import reference as pipeline_reference
 
     pages = [(ROOT / "docs" / page).read_text() for page in ("ingest.md", "pipeline.md")]
     documented = re.findall(r"^\| `(\w+)` \| `(\w+)` \| `(.*)` \|$", "".join(pages), flags=re.M)
-    expected = [(n, e, repr(d)) for n, e, d in [*reference(), *pipeline_reference()]]
+    references = [*reference(), *spark_reference(), *pipeline_reference()]
+    expected = [(n, e, repr(d)) for n, e, d in references]
     assert documented == expected

@@ -3,6 +3,10 @@ driver): the batch's cut from its tasks' reports (``rules.batches``), the rows a
 checked whole and put in commit order, committed with the cut's resume point by the service's
 sink, so the change log and its checkpoints are the service's own.
 
+Each batch logs ``spark_batch`` (its outcome, partitions read, rows kept and dropped above the
+cut); each commit logs ``delta_commit`` with the service's fields, so what watches the service's
+commits watches these.
+
 Exactly once: a batch is planned from the job's change-log version v and lands v + 1 only while
 the job is at v (the sink's fence). A batch Spark replays after a crash finds v + 1 landed by
 this query and lands nothing; one whose v + 1 another writer landed while this query was down
@@ -94,6 +98,18 @@ class BatchLanding:
             result = self._sink.commit_rows(_ordered(below), transactions, cut, watched)
             self._watched.landed(watched)
             version, outcome = result.version, "replayed" if result.replayed else outcome
+            self._log.info(
+                "delta_commit",
+                version=result.version,
+                delta_version=result.delta_version,
+                transactions=transactions,
+                rows=result.rows,
+                snapshot_rows=0,
+                schema_rows=sorted(watched),
+                low_watermark=to_rfc3339(cut.low_watermark),
+                watermark_lag_seconds=self._lag_s(cut.low_watermark),
+                replayed=result.replayed,
+            )
         self._landed_any = True
         landed = LandedBatch(
             batch_id,
@@ -118,13 +134,14 @@ class BatchLanding:
             rows_above_cut=landed.rows_above_cut,
             low_watermark=to_rfc3339(cut.low_watermark),
             cut_lowered=cut.low_watermark < identity.end,
-            watermark_lag_seconds=round(
-                (self._wall_clock() - cut.low_watermark) / NANOS_PER_SECOND, 3
-            ),
+            watermark_lag_seconds=self._lag_s(cut.low_watermark),
         )
         if self._on_landed is not None:
             self._on_landed(landed)
         return landed
+
+    def _lag_s(self, low_watermark: Nanos) -> float:
+        return round((self._wall_clock() - low_watermark) / NANOS_PER_SECOND, 3)
 
     def _outcome(self, planned_from: int) -> str:
         """``landed`` when the job is still at the version the batch was planned from."""

@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,11 @@ SPARK_PARSERS = {
     "max_records_per_batch": in_range(int, "records", 0, 1_000_000_000),
     "partitions_per_task": integer(1, 100_000),
 }
+
+
+def spark_reference() -> list[tuple[str, str, object]]:
+    """(option, environment variable, default) of the Spark source's own options."""
+    return [(f.name, SPARK_ENVIRONMENT[f.name], f.default) for f in fields(SparkSourceConfig)]
 
 
 def load_spark_config(environ: dict[str, str] | None = None) -> SparkSourceConfig:
