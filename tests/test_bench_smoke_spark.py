@@ -27,6 +27,10 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         ["--versions", "3", "--keys", "100", "--rows-per-version", "50"],
         r"^first batch done, from process start\t[\d.]+ s$(.|\n)*^  MERGE\t[\d.]+\t",
     ),
+    "spark_source.py": (
+        ["--widths", "50", "--cores", "1", "--seconds", "5", "--warmup", "5", "--rate", "20"],
+        r"^50\tspark local\[1\]\t[1-9]\d*\t[\d.]+\t[\d.]+\t[\d.]+\t[\d.]+$",
+    ),
     "mirror_latency.py": (
         ["--seconds", "20", "--existing-rows", "20", "--cases", "5:driver"],
         r"^5\tdriver\t\d+\t\d+\t([\d.]+|-)\t([\d.]+|-)\t",

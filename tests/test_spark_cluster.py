@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from emulator.server import free_port
+from emulator.spark_cluster import StandaloneCluster
 from tests.checks import (
     accounts_written_after_start,
     assert_mirrors_equal,
@@ -21,7 +22,6 @@ from tests.checks import (
 )
 from tests.processes import Pipeline, Service, background_workload, wait_until_landed
 from tests.scrapes import scrape_until, value
-from emulator.spark_cluster import StandaloneCluster
 
 SPARK_MERGE_ABOVE = 200
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 
+from emulator.spark_cluster import StandaloneCluster
 from ingest.changestream.opening import StreamAddress, open_stream
 from ingest.delta.batcher import WatchedColumnsPoll
 from ingest.delta.sink import DeltaChangeLogSink
@@ -35,7 +36,6 @@ from tests.processes import (
     background_workload,
     wait_until_landed,
 )
-from emulator.spark_cluster import StandaloneCluster
 
 JOB = "spark-source-test"
 NO_WATCH = WatchedColumnsPoll(None, 10.0, null_logger())
