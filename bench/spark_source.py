@@ -39,7 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.pop("SPANNER_EMULATOR_HOST", None)
 
-from bench.wide_reader import percentile, serve
+from wide_reader import percentile, serve
+
 from emulator.processes import process_tree
 from ingest.changestream.config import ReaderConfig
 from ingest.changestream.reader import ChangeStreamReader
