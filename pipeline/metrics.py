@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339
+from runtime.metrics import progress_listener, serve
 
 BATCH_DURATION_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900)
 
@@ -148,33 +149,9 @@ class PipelineMetrics:
             self.files_outstanding.set(sum(int(o) for o in outstanding))
 
     def listener(self) -> Any:
-        """A ``StreamingQueryListener`` feeding these metrics (pyspark is imported only here)."""
-        from pyspark.sql.streaming import StreamingQueryListener
-
-        metrics = self
-
-        class Listener(StreamingQueryListener):
-            def onQueryStarted(self, event: Any) -> None:
-                pass
-
-            def onQueryProgress(self, event: Any) -> None:
-                metrics.progress(event.progress)
-
-            def onQueryIdle(self, event: Any) -> None:
-                pass
-
-            def onQueryTerminated(self, event: Any) -> None:
-                pass
-
-        return Listener()
+        """A ``StreamingQueryListener`` feeding these metrics."""
+        return progress_listener(self.progress)
 
     def serve(self, port: int) -> Callable[[], None]:
         """Serve ``/metrics`` on ``port`` (all interfaces); returns what stops the server."""
-        server, thread = start_http_server(port, registry=self.registry)
-
-        def close() -> None:
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=5)
-
-        return close
+        return serve(self.registry, port)

@@ -93,3 +93,20 @@ def _found(pattern: str, text: str) -> str:
     match = re.search(pattern, text)
     assert match is not None, f"no {pattern!r} in the summary"
     return match[1]
+
+
+def test_make_run_spark_lands_the_change_log_with_the_spark_source_on_the_cluster(
+    tmp_path: Path,
+) -> None:
+    """``make run-spark``'s wiring: the same run, the change log landed by ``spark-run`` on the
+    cluster's master (its end-to-end path is tests/test_spark_source.py's cluster test)."""
+    from emulator.local_run import parse_args, product_processes
+
+    options = parse_args(["--folder", str(tmp_path), "--spark-cluster", "2"])
+    assert options.spark_workers == 2
+    ingest, _ = product_processes(options, "bank_x", "spark://127.0.0.1:7077")
+    assert ingest.argv == ["-m", "ingest", "spark-run"]
+    assert ingest.env["INGEST_SPARK_MASTER"] == "spark://127.0.0.1:7077"
+    assert ingest.env["INGEST_SPARK_CHECKPOINT_URI"] == str(tmp_path / "spark-source-checkpoint")
+    service, _ = product_processes(parse_args(["--folder", str(tmp_path)]), "bank_x")
+    assert service.argv == ["-m", "ingest", "run"]

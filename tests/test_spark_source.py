@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 
+from emulator.server import free_port
 from emulator.spark_cluster import StandaloneCluster
 from ingest.changestream.opening import StreamAddress, open_stream
 from ingest.delta.batcher import WatchedColumnsPoll
@@ -36,6 +37,7 @@ from tests.processes import (
     background_workload,
     wait_until_landed,
 )
+from tests.scrapes import scrape_until, value
 
 JOB = "spark-source-test"
 NO_WATCH = WatchedColumnsPoll(None, 10.0, null_logger())
@@ -55,6 +57,7 @@ def test_on_a_standalone_cluster_an_executor_and_the_driver_killed_mid_batch_los
     database, start = new_database("googlesql"), start_after_setup()
     table = tmp_path / "changelog"
     cluster = StandaloneCluster(tmp_path / "spark")
+    metrics_port = free_port()
     source = SparkSource(
         database.database_id,
         table,
@@ -64,6 +67,7 @@ def test_on_a_standalone_cluster_an_executor_and_the_driver_killed_mid_batch_los
         master=cluster.master_url,
         SPARK_LOCAL_IP="127.0.0.1",
         INGEST_SNAPSHOT_MODE="initial",  # the accounts, read at T0 on the driver
+        INGEST_HEALTH_PORT=str(metrics_port),
     )
     pipeline = Pipeline(
         table, tmp_path, tmp_path / "pipeline.log", PIPELINE_TRIGGER="available-now"
@@ -87,6 +91,16 @@ def test_on_a_standalone_cluster_an_executor_and_the_driver_killed_mid_batch_los
         driver = source.start()
         source.wait_for("spark_source_started", restarts + 1, timeout=300, process=driver)
         source.wait_for("spark_batch", source.count("spark_batch") + 3, 300, driver)
+        scraped = scrape_until(
+            metrics_port,
+            lambda s: (
+                (value(s, "ingest_transactions_landed_total") or 0) > 0
+                and (value(s, "ingest_spark_batch_duration_seconds_count") or 0) > 0
+            ),
+            timeout=120,
+        )
+        assert (value(scraped, "ingest_partition_queries_total") or 0) > 0
+        assert value(scraped, "ingest_watermark_lag_seconds") is not None
         stop_workload.set()
         workload.join()
         wait_until_landed(table, len(committed), timeout=300)

@@ -109,6 +109,11 @@ class DeltaChangeLogSink:
             return None
         return self.checkpoint(version, table)
 
+    def latest_checkpoint_watermark(self) -> Nanos | None:
+        """The low watermark of the job's newest checkpoint; None before its first commit."""
+        checkpoint = self.latest_checkpoint()
+        return checkpoint.resume_point.low_watermark if checkpoint is not None else None
+
     def landed_version(self) -> int | None:
         """The job's newest version in the table (its application transaction)."""
         table = self.table()

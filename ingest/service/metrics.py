@@ -135,12 +135,21 @@ class IngestMetrics:
 
     def committed(self, transactions: Sequence[Transaction], low_watermark: Nanos) -> None:
         """A Delta commit landed these transactions, up to ``low_watermark``."""
+        self.landed(
+            [t.commit_timestamp for t in transactions],
+            sum(t.mod_count for t in transactions),
+            low_watermark,
+        )
+
+    def landed(self, commit_timestamps: Sequence[Nanos], rows: int, low_watermark: Nanos) -> None:
+        """A Delta commit landed transactions committed at ``commit_timestamps``, ``rows`` mods
+        in all, up to ``low_watermark``."""
         now = self._wall_clock()
         self._commits.inc()
-        self._transactions.inc(len(transactions))
-        self._rows.inc(sum(t.mod_count for t in transactions))
-        for transaction in transactions:
-            self._latency.observe(max(0, now - transaction.commit_timestamp) / NANOS_PER_SECOND)
+        self._transactions.inc(len(commit_timestamps))
+        self._rows.inc(rows)
+        for committed_at in commit_timestamps:
+            self._latency.observe(max(0, now - committed_at) / NANOS_PER_SECOND)
         self.sources.landed_watermark = low_watermark
 
     def render(self) -> bytes:

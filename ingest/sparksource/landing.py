@@ -49,6 +49,8 @@ class LandedBatch:
     rows_above_cut: int
     outcome: str
     """``landed``, ``replayed`` (landed before a crash) or ``superseded`` (another writer)."""
+    commit_timestamps: tuple[Nanos, ...] = ()
+    """Of the transactions this batch landed (none when it landed nothing)."""
 
 
 class DuplicateRecordError(RuntimeError):
@@ -121,6 +123,7 @@ class BatchLanding:
             below.num_rows,
             data.num_rows - below.num_rows,
             outcome,
+            _commit_timestamps(below) if outcome == "landed" else (),
         )
         self._log.info(
             "spark_batch",
@@ -206,6 +209,11 @@ def _check_whole(rows: pa.Table) -> int:
                 "below the batch's cut"
             )
     return per_transaction.num_rows
+
+
+def _commit_timestamps(rows: pa.Table) -> tuple[Nanos, ...]:
+    firsts = rows.filter(pc.equal(rows["mod_index"], 0)).group_by("server_transaction_id")
+    return tuple(firsts.aggregate([(COMMIT_NANOS, "min")])[f"{COMMIT_NANOS}_min"].to_pylist())
 
 
 def _ordered(rows: pa.Table) -> pa.Table:

@@ -30,6 +30,7 @@ from ingest.model.snapshot import SnapshotMode
 from ingest.service.config import ServiceConfig
 from ingest.service.run import release_lease, resume_job, snapshot_tables, start_job
 from ingest.sparksource.landing import BatchLanding
+from ingest.sparksource.metrics import SparkSourceMetrics
 from ingest.sparksource.source import NAME, ChangeStreamDataSource, SourceOptions
 from runtime.errors import ReportedError
 from runtime.options import in_range, integer, load_options, non_empty, seconds
@@ -99,8 +100,8 @@ def run_spark_source(
 ) -> int:
     """1. open the Spanner side; 2. wait for the lease, continue after the newest checkpoint;
     3. a new job records its start (and snapshot), a resumed one keeps it; 4. finish the
-    snapshot on the driver; 5. run the streaming query until stopped or failed; 6. hand the
-    lease over with a last commit."""
+    snapshot on the driver; 5. serve ``/metrics`` on ``health_port`` (0: not served) and run
+    the streaming query until stopped or failed; 6. hand the lease over with a last commit."""
     owner = owner_of(spark.checkpoint_uri)
     log = log.bind(job_id=config.effective_job_id, owner=owner)
     opened = open_stream(
@@ -150,12 +151,20 @@ def run_spark_source(
         config.watched_columns_interval_s,
         log,
     )
+    metrics = SparkSourceMetrics()
+    metrics.ingest.sources.landed_watermark = sink.latest_checkpoint_watermark()
+    metrics.ingest.sources.snapshot = lambda: sink.table_snapshot or sink.snapshot
+    close_metrics = metrics.serve(config.health_port) if config.health_port else None
+    landing = BatchLanding(sink, owner, watched, log, on_landed=metrics.landed)
     session = spark_session(spark)
+    session.streams.addListener(metrics.listener())
     try:
-        _stream(session, options, spark, BatchLanding(sink, owner, watched, log), log, stop)
+        _stream(session, options, spark, landing, log, stop)
     finally:
         release_lease(sink, log)
         session.stop()
+        if close_metrics is not None:
+            close_metrics()
     return 0
 
 
