@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import structlog
 from deltalake import DeltaTable
@@ -65,28 +66,11 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
     6. read the stream from the resume point until stopped;
     7. hand the lease over with a last commit.
     """
-    owner = uuid.uuid4().hex
-    log = log.bind(job_id=config.effective_job_id, owner=owner)
-    opened = open_stream(
-        StreamAddress(
-            config.project,
-            config.instance,
-            config.database,
-            config.stream,
-            config.dialect,
-            config.heartbeat_ms,
-        )
-    )
-    sink = DeltaChangeLogSink(config.table_uri, config.effective_job_id, owner, log=log)
-    checkpoint = wait_for_lease(sink, owner, config.lease_s, log, stop)
-    if stop.is_set():
+    job = take_job(config, uuid.uuid4().hex, log, stop)
+    if job is None:
         return 0
-    sink.continue_after(checkpoint)
-    expected: int | None = None
-    if checkpoint is None:
-        resume, snapshot, expected = start_job(opened, config, sink, log)
-    else:
-        resume, snapshot = resume_job(config, checkpoint, log)
+    opened, sink, checkpoint, log = job.opened, job.sink, job.checkpoint, job.log
+    resume, snapshot, expected = job.resume, job.snapshot, job.expected
     metrics = IngestMetrics()
     metrics.sources.landed_watermark = resume.low_watermark
     metrics.sources.snapshot = lambda: sink.table_snapshot or sink.snapshot
@@ -110,6 +94,52 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
     finally:
         if health is not None:
             health.close()
+
+
+@dataclass(frozen=True, slots=True)
+class TakenJob:
+    """A job this process writes from now on: where it reads, its sink, where it resumes."""
+
+    opened: OpenedStream
+    sink: DeltaChangeLogSink
+    checkpoint: Checkpoint | None
+    """The newest checkpoint; None for a new job."""
+    resume: ResumePoint
+    snapshot: SnapshotProgress | None
+    expected: int | None
+    """A new job's snapshot rows at T0, when counted."""
+    log: Logger
+
+
+def take_job(
+    config: ServiceConfig, owner: str, log: Logger, stop: threading.Event
+) -> TakenJob | None:
+    """Steps 1-3 of every writer of a job (the service and the Spark source): open the Spanner
+    side; stand by while another process holds the writer lease, then continue after the newest
+    checkpoint; a new job records its start (and its snapshot's T0 and tables), a resumed one
+    keeps what its first commit recorded. None when stopped while standing by."""
+    log = log.bind(job_id=config.effective_job_id, owner=owner)
+    opened = open_stream(
+        StreamAddress(
+            config.project,
+            config.instance,
+            config.database,
+            config.stream,
+            config.dialect,
+            config.heartbeat_ms,
+        )
+    )
+    sink = DeltaChangeLogSink(config.table_uri, config.effective_job_id, owner, log=log)
+    checkpoint = wait_for_lease(sink, owner, config.lease_s, log, stop)
+    if stop.is_set():
+        return None
+    sink.continue_after(checkpoint)
+    expected: int | None = None
+    if checkpoint is None:
+        resume, snapshot, expected = start_job(opened, config, sink, log)
+    else:
+        resume, snapshot = resume_job(config, checkpoint, log)
+    return TakenJob(opened, sink, checkpoint, resume, snapshot, expected, log)
 
 
 def start_job(

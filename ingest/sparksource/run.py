@@ -21,14 +21,11 @@ from typing import Any
 
 import structlog
 
-from ingest.changestream.opening import StreamAddress, open_stream
 from ingest.changestream.watched_columns import read_watched_columns
 from ingest.delta.batcher import WatchedColumnsPoll
-from ingest.delta.lease import wait_for_lease
-from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.snapshot import SnapshotMode
 from ingest.service.config import ServiceConfig
-from ingest.service.run import release_lease, resume_job, snapshot_tables, start_job
+from ingest.service.run import release_lease, snapshot_tables, take_job
 from ingest.sparksource.landing import BatchLanding
 from ingest.sparksource.metrics import SparkSourceMetrics
 from ingest.sparksource.source import NAME, ChangeStreamDataSource, SourceOptions
@@ -103,29 +100,12 @@ def run_spark_source(
     snapshot on the driver; 5. serve ``/metrics`` on ``health_port`` (0: not served) and run
     the streaming query until stopped or failed; 6. hand the lease over with a last commit."""
     owner = owner_of(spark.checkpoint_uri)
-    log = log.bind(job_id=config.effective_job_id, owner=owner)
-    opened = open_stream(
-        StreamAddress(
-            config.project,
-            config.instance,
-            config.database,
-            config.stream,
-            config.dialect,
-            config.heartbeat_ms,
-        )
-    )
-    sink = DeltaChangeLogSink(config.table_uri, config.effective_job_id, owner, log=log)
-    checkpoint = wait_for_lease(sink, owner, config.lease_s, log, stop)
-    if stop.is_set():
+    job = take_job(config, owner, log, stop)
+    if job is None:
         return 0
-    sink.continue_after(checkpoint)
-    expected = None
-    if checkpoint is None:
-        _, snapshot, expected = start_job(opened, config, sink, log)
-    else:
-        _, snapshot = resume_job(config, checkpoint, log)
+    opened, sink, snapshot, log = job.opened, job.sink, job.snapshot, job.log
     if snapshot is not None and not snapshot.complete:
-        snapshot = snapshot_tables(opened, config, snapshot, expected, sink, log, stop)
+        snapshot = snapshot_tables(opened, config, snapshot, job.expected, sink, log, stop)
         if not snapshot.complete:
             return release_lease(sink, log)
     if SnapshotMode(config.snapshot_mode) is SnapshotMode.INITIAL_ONLY:
