@@ -15,7 +15,7 @@ from ingest.delta.batcher import WatchedColumnsPoll
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.timestamps import parse_rfc3339
 from ingest.sparksource.landing import BatchLanding, LandedBatch
-from ingest.sparksource.run import SparkSourceConfig, spark_session, start_query
+from ingest.sparksource.run import SparkSourceConfig, spark_session, start_query, wave_reader
 from ingest.sparksource.source import SourceOptions
 from runtime.logs import make_logger
 
@@ -54,14 +54,15 @@ def main() -> int:
     )
     until = parse_rfc3339(args.until)
     reached: list[LandedBatch] = []
+    session = spark_session(SparkSourceConfig(master=args.master))
     landing = BatchLanding(
         sink,
         OWNER,
         WatchedColumnsPoll(None, 10.0, log),
         log,
         on_landed=lambda batch: reached.append(batch) if batch.low_watermark >= until else None,
+        read_wave=wave_reader(session, options),
     )
-    session = spark_session(SparkSourceConfig(master=args.master))
     query = start_query(session, options, landing, args.checkpoint, 0.5)
     log.info("spark_source_started")
     while not reached and query.isActive:

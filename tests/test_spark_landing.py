@@ -14,7 +14,7 @@ from ingest.delta.sink import DeltaChangeLogSink, WriterFenced
 from ingest.model.records import ChildPartition, ChildPartitionsRecord, DataChangeRecord
 from ingest.model.resume import ResumablePartition, ResumablePartitions, ResumePoint
 from ingest.rules.assembler import IncompleteTransactionError
-from ingest.rules.batches import PartitionReport, plan_batch
+from ingest.rules.batches import PartitionRead, PartitionReport, plan_batch
 from ingest.sparksource.landing import BatchLanding, DuplicateRecordError, LandedBatch
 from ingest.sparksource.rows import (
     SOURCE_SCHEMA,
@@ -178,3 +178,38 @@ def test_a_tasks_output_holds_each_row_once_and_each_report_after_its_rows() -> 
     assert ids == [r.server_transaction_id for r in first + second]
     reports = [i for i, r in enumerate(table["report"].to_pylist()) if r is not None]
     assert reports == [5, 9], "each report follows its partition's rows"
+
+
+def test_a_merge_within_a_batch_is_read_by_a_further_wave_and_rows_below_w_never_land(
+    tmp_path: Path,
+) -> None:
+    sink = job_at(tmp_path)
+    merge = ChildPartitionsRecord(START + 300, "00000001", (ChildPartition("p3", ("p1", "p2")),))
+    again = record(START + 50, "tx-old", 0, 1)  # at or below W: landed by an earlier version
+    reads = {
+        "p1": ([again, record(START + 120, "tx-a", 0, 1)], closed("p1", START + 500, merge)),
+        "p2": ([], closed("p2", START + 500, merge)),
+    }
+    asked: list[list[PartitionRead]] = []
+
+    def read_wave(wave: list[PartitionRead], identity: BatchIdentity) -> pa.Table:
+        asked.append(wave)
+        rows = data_rows([record(START + 350, "tx-m", 0, 1)])
+        report = report_row(closed("p3", START + 500), identity)
+        return pa.Table.from_batches([rows, report], schema=SOURCE_SCHEMA)
+
+    watched = WatchedColumnsPoll(None, 10.0, null_logger())
+    without = BatchLanding(sink, "spark-a", watched, null_logger())
+    first = without.land(batch(2, START + 500, reads), 0)
+    assert first is not None and first.low_watermark == START + 299, "the merge lowers the cut"
+    sink2 = DeltaChangeLogSink(str(tmp_path / "again"), JOB, "spark-a")
+    sink2.continue_after(None)
+    sink2.start_job(START)
+    sink2.commit([], resume_at(START + 99, "p1", "p2"))
+    landed = BatchLanding(sink2, "spark-a", watched, null_logger(), read_wave=read_wave).land(
+        batch(2, START + 500, reads), 0
+    )
+    assert asked == [[PartitionRead("p3", START + 300, START + 500)]]
+    assert landed is not None and (landed.low_watermark, landed.transactions) == (START + 500, 2)
+    rows = read_versions(tmp_path / "again")[-1].rows
+    assert [r["server_transaction_id"] for r in rows] == ["tx-a", "tx-m"]

@@ -20,7 +20,7 @@ from ingest.changestream.opening import StreamAddress, open_stream
 from ingest.delta.batcher import WatchedColumnsPoll
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.sparksource.landing import BatchLanding
-from ingest.sparksource.run import owner_of, start_query
+from ingest.sparksource.run import owner_of, start_query, wave_reader
 from ingest.sparksource.source import SourceOptions
 from runtime.logs import null_logger
 from tests.builders import captured_logger
@@ -168,7 +168,13 @@ def test_a_batch_spark_replays_lands_once_and_admission_control_bounds_batches(
     log, events = captured_logger()
     runs = [
         CrashingLanding(
-            BatchLanding(DeltaChangeLogSink(str(table), JOB, owner), owner, NO_WATCH, log),
+            BatchLanding(
+                DeltaChangeLogSink(str(table), JOB, owner),
+                owner,
+                NO_WATCH,
+                log,
+                read_wave=wave_reader(spark, options),
+            ),
             at,
             after,
         )
@@ -180,7 +186,13 @@ def test_a_batch_spark_replays_lands_once_and_admission_control_bounds_batches(
             query.awaitTermination(180)
     outcomes = [e["outcome"] for e in events if e["event"] == "spark_batch"]
     assert outcomes[3] == "replayed", outcomes
-    final = BatchLanding(DeltaChangeLogSink(str(table), JOB, owner), owner, NO_WATCH, log)
+    final = BatchLanding(
+        DeltaChangeLogSink(str(table), JOB, owner),
+        owner,
+        NO_WATCH,
+        log,
+        read_wave=wave_reader(spark, options),
+    )
     query = start_query(spark, options, final, str(checkpoint), 0.5)
     try:
         thread.join()

@@ -8,8 +8,9 @@ them). A partition that splits or moves within the batch (a child partitions rec
 children have it as their only parent) is followed by the same task: its children are read from
 S to E, as nothing else waits for them. Other partitions the batch discovers (a merge's child,
 which waits for all its parents; partitions a partition start record announces) are read by the
-next batch, so the batch's cut is the tracker's low watermark once every report is applied:
-below every such S and below every partition not read to E. Everything at or below the cut was
+next batch unless a further wave of the same batch reads them (``BatchCut``), so the batch's
+cut is the tracker's low watermark once every report is applied: below every such S no wave
+read and below every partition not read to E. Everything at or below the cut was
 read by every partition alive then, so each transaction at or below it is whole within the batch;
 what tasks read above it is read again by the next batch, which starts from the cut's resume
 point.
@@ -112,29 +113,58 @@ def plan_batch(
     ]
 
 
-def cut_batch(resume: ResumePoint, end: Nanos, reports: Iterable[PartitionReport]) -> ResumePoint:
-    """The batch's consistent cut and where the next batch resumes, from every task's report.
+class BatchCut:
+    """A batch's tracker on the driver, applying its tasks' reports wave by wave.
 
-    A partition that closed but read past the cut (its records above it are dropped) is queried
-    again from the cut, as after a restart; the children it reported wait for it again. Reports
-    of followed children come after their parent's, in the order their task read them.
+    The first wave is the planned reads. Once it has reported, partitions that became ready
+    within the batch (a merge's child whose parents all finished, partitions a partition start
+    record announced) may be read by a further wave from their start to the same end, so they
+    no longer lower the cut; whatever no wave read holds the cut below its start.
     """
-    coordinator = _coordinator(resume)
-    tracker = coordinator.tracker
-    ready = {p.token: p for p in tracker.take_ready()}
-    for report in sorted(reports, key=lambda r: r.followed):  # sorted() is stable
-        partition = (tracker.take_child if report.followed else ready.pop)(report.token, None)
-        if partition is None:
-            raise BatchPlanError(
-                f"partition {report.token!r} reported twice or was not ready in this batch"
-            )
-        coordinator.query_started(report.token, partition.resume_timestamp)
-        for record in report.lineage:
-            tracker.on_record(report.token, record)
-        if report.watermark > partition.watermark:
-            tracker.on_record(report.token, HeartbeatRecord(report.watermark))
-        if report.closed and partition.ended:
-            coordinator.stream_ended(report.token)
-    low = coordinator.low_watermark()
-    cut = end if low is None else min(low, end)
-    return ResumePoint(cut, tracker.resumable(cut))
+
+    def __init__(self, resume: ResumePoint, end: Nanos) -> None:
+        self._end = end
+        self._coordinator = _coordinator(resume)
+        self._tracker = self._coordinator.tracker
+        self._ready = {p.token: p for p in self._tracker.take_ready()}
+
+    def apply(self, reports: Iterable[PartitionReport]) -> None:
+        """One wave's reports. A partition that closed but read past the cut (its records
+        above it are dropped) is queried again from the cut, as after a restart; the children
+        it reported wait for it again. Reports of followed children come after their parent's,
+        in the order their task read them."""
+        tracker = self._tracker
+        for report in sorted(reports, key=lambda r: r.followed):  # sorted() is stable
+            take = tracker.take_child if report.followed else self._ready.pop
+            partition = take(report.token, None)
+            if partition is None:
+                raise BatchPlanError(
+                    f"partition {report.token!r} reported twice or was not ready in this batch"
+                )
+            self._coordinator.query_started(report.token, partition.resume_timestamp)
+            for record in report.lineage:
+                tracker.on_record(report.token, record)
+            if report.watermark > partition.watermark:
+                tracker.on_record(report.token, HeartbeatRecord(report.watermark))
+            if report.closed and partition.ended:
+                self._coordinator.stream_ended(report.token)
+
+    def next_wave(self, max_records: int | None = None) -> list[PartitionRead]:
+        """Partitions that became ready within the batch, to read up to its end. Partitions
+        ready from the start but not planned (over the partitions limit) are not among them."""
+        ready = self._tracker.take_ready()
+        self._ready.update((p.token, p) for p in ready)
+        return [PartitionRead(p.token, p.resume_timestamp, self._end, max_records) for p in ready]
+
+    def cut(self) -> ResumePoint:
+        """The batch's consistent cut and where the next batch resumes."""
+        low = self._coordinator.low_watermark()
+        cut = self._end if low is None else min(low, self._end)
+        return ResumePoint(cut, self._tracker.resumable(cut))
+
+
+def cut_batch(resume: ResumePoint, end: Nanos, reports: Iterable[PartitionReport]) -> ResumePoint:
+    """The cut of a batch of one wave (``BatchCut``)."""
+    batch = BatchCut(resume, end)
+    batch.apply(reports)
+    return batch.cut()

@@ -118,6 +118,9 @@ class PartitionTracker:
         """Finished tokens still needed, with the partitions that reported them."""
         self._landing: dict[str, Partition] = {}
         """LANDING partitions: finished reading, records above the landed watermark."""
+        self._restored_starts: dict[str, Nanos] = {}
+        """Start of each partition restored from a checkpoint: who reported it is not kept, and
+        a restored partition queried again may report it again."""
 
     # -- creation --------------------------------------------------------------------------
 
@@ -138,6 +141,7 @@ class PartitionTracker:
             )
             self._partitions[partition.token] = partition
             self._created[partition.token] = partition
+            self._restored_starts[partition.token] = partition.start_timestamp
             self._log.info(
                 "partition_restored",
                 partition_token=partition.token,
@@ -275,14 +279,31 @@ class PartitionTracker:
         self._forget_unreferenced_finished()
 
     def _forget_unreferenced_finished(self) -> None:
-        """Forget a finished token once no partition awaits it and none can report it again."""
+        """Forget a finished token once no partition awaits it and none can report it again.
+
+        A restored partition's reporters are not known: any live partition that started before
+        it may be one (a parent starts before its child), queried again from the checkpoint's
+        watermark, so it is kept while one lives. Without this a partition announced without
+        parents (``MUTABLE_KEY_RANGE``), finished before its announcer reports it again, would
+        be created again and read twice."""
         live = self._partitions.keys()
         requeried_after_restart = [*self._partitions.values(), *self._landing.values()]
         awaited = set().union(*(p.parent_tokens for p in requeried_after_restart))
+        earliest_live = min((p.start_timestamp for p in self._partitions.values()), default=None)
+
+        def may_be_reported(token: str) -> bool:
+            start = self._restored_starts.get(token)
+            return start is not None and earliest_live is not None and earliest_live < start
+
         self._finished = {
             token: reporters
             for token, reporters in self._finished.items()
-            if token in awaited or reporters & live
+            if token in awaited or reporters & live or may_be_reported(token)
+        }
+        self._restored_starts = {
+            token: start
+            for token, start in self._restored_starts.items()
+            if token in self._partitions or token in self._finished
         }
 
     # -- watermarks ------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,10 +29,12 @@ from ingest.delta.batcher import WatchedColumnsPoll
 from ingest.delta.sink import DeltaChangeLogSink, WriterFenced
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 from ingest.rules.assembler import IncompleteTransactionError, InconsistentTransactionError
-from ingest.rules.batches import BatchPlanError, PartitionReport, cut_batch
+from ingest.rules.batches import BatchCut, BatchPlanError, PartitionRead, PartitionReport
 from ingest.sparksource.rows import COMMIT_NANOS, REPORT, BatchIdentity, parse_report
 
 Logger = structlog.typing.FilteringBoundLogger
+ReadWave = Callable[[list[PartitionRead], BatchIdentity], pa.Table]
+"""Reads a wave's partitions on the executors: the rows and reports its tasks send."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +69,12 @@ class BatchLanding:
         monotonic: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], Nanos] = time.time_ns,
         on_landed: Callable[[LandedBatch], None] | None = None,
+        read_wave: ReadWave | None = None,
+        max_waves: int = 4,
     ) -> None:
+        """``read_wave`` reads a further wave of a batch (partitions that became ready within
+        it) on the executors, at most ``max_waves`` waves per batch in all; without it every
+        such partition lowers the cut."""
         self._sink = sink
         self._owner = owner
         self._watched = watched
@@ -75,6 +82,8 @@ class BatchLanding:
         self._monotonic = monotonic
         self._wall_clock = wall_clock
         self._on_landed = on_landed
+        self._read_wave = read_wave
+        self._max_waves = max_waves
         self._landed_any = False
 
     def __call__(self, frame: object, batch_id: int) -> None:
@@ -85,12 +94,30 @@ class BatchLanding:
         not settled yet: its offsets are equal)."""
         if batch.num_rows == 0:
             return None
-        is_report = pc.is_valid(batch[REPORT])
-        reports, identity = _reports(batch.filter(is_report)[REPORT].to_pylist())
+        reports, identity = _reports(batch)
         checkpoint = self._sink.checkpoint(identity.version)
-        cut = cut_batch(checkpoint.resume_point, identity.end, reports)
-        data = batch.filter(pc.invert(is_report))
-        below = data.filter(pc.less_equal(data[COMMIT_NANOS], cut.low_watermark))
+        batch_cut = BatchCut(checkpoint.resume_point, identity.end)
+        batch_cut.apply(reports)
+        waves = [batch]
+        while len(waves) < self._max_waves and self._read_wave is not None:
+            reads = batch_cut.next_wave()
+            if not reads:
+                break
+            wave = self._read_wave(reads, replace(identity, partitions=len(reads)))
+            wave_reports, wave_identity = _reports(wave)
+            if wave_identity.partitions != len(reads):
+                raise BatchPlanError(f"a wave of {len(reads)} reads reported as another")
+            batch_cut.apply(wave_reports)
+            reports += wave_reports
+            waves.append(wave)
+        cut = batch_cut.cut()
+        everything = pa.concat_tables(waves)
+        data = everything.filter(pc.is_null(everything[REPORT]))
+        after = checkpoint.resume_point.low_watermark
+        stamps = data[COMMIT_NANOS]
+        below = data.filter(
+            pc.and_(pc.greater(stamps, after), pc.less_equal(stamps, cut.low_watermark))
+        )
         transactions = _check_whole(below)
         outcome = self._outcome(identity.version)
         version = None
@@ -121,7 +148,7 @@ class BatchLanding:
             len(reports),
             transactions,
             below.num_rows,
-            data.num_rows - below.num_rows,
+            pc.sum(pc.greater(stamps, cut.low_watermark)).as_py() or 0,
             outcome,
             _commit_timestamps(below) if outcome == "landed" else (),
         )
@@ -132,6 +159,7 @@ class BatchLanding:
             version=version,
             planned_from_version=identity.version,
             partitions=len(reports),
+            waves=len(waves),
             transactions=transactions,
             rows=below.num_rows,
             rows_above_cut=landed.rows_above_cut,
@@ -162,7 +190,8 @@ class BatchLanding:
         )
 
 
-def _reports(texts: list[str]) -> tuple[list[PartitionReport], BatchIdentity]:
+def _reports(batch: pa.Table) -> tuple[list[PartitionReport], BatchIdentity]:
+    texts = batch.filter(pc.is_valid(batch[REPORT]))[REPORT].to_pylist()
     parsed = [parse_report(text) for text in texts]
     if not parsed:
         raise BatchPlanError("a batch without task reports: no task of the plan reported")

@@ -19,16 +19,19 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import structlog
 
 from ingest.changestream.watched_columns import read_watched_columns
 from ingest.delta.batcher import WatchedColumnsPoll
 from ingest.model.snapshot import SnapshotMode
+from ingest.rules.batches import PartitionRead
 from ingest.service.config import ServiceConfig
 from ingest.service.run import release_lease, snapshot_tables, take_job
-from ingest.sparksource.landing import BatchLanding
+from ingest.sparksource.landing import BatchLanding, ReadWave
 from ingest.sparksource.metrics import SparkSourceMetrics
-from ingest.sparksource.source import NAME, ChangeStreamDataSource, SourceOptions
+from ingest.sparksource.rows import BatchIdentity
+from ingest.sparksource.source import NAME, WAVE, ChangeStreamDataSource, SourceOptions, wave_json
 from runtime.errors import ReportedError
 from runtime.options import in_range, integer, load_options, non_empty, seconds
 
@@ -48,6 +51,9 @@ class SparkSourceConfig:
     max_partitions_per_batch: int = 0
     max_records_per_batch: int = 0
     partitions_per_task: int = 8
+    max_waves_per_batch: int = 4
+    """Waves of one batch: the first reads the planned partitions, each further one those that
+    became ready within the batch (merges' children, announced partitions)."""
 
 
 SPARK_ENVIRONMENT = {
@@ -58,6 +64,7 @@ SPARK_ENVIRONMENT = {
     "max_partitions_per_batch": "INGEST_SPARK_MAX_PARTITIONS_PER_BATCH",
     "max_records_per_batch": "INGEST_SPARK_MAX_RECORDS_PER_BATCH",
     "partitions_per_task": "INGEST_SPARK_PARTITIONS_PER_TASK",
+    "max_waves_per_batch": "INGEST_SPARK_MAX_WAVES_PER_BATCH",
 }
 SPARK_PARSERS = {
     "master": non_empty,
@@ -67,6 +74,7 @@ SPARK_PARSERS = {
     "max_partitions_per_batch": integer(0, 1_000_000),
     "max_records_per_batch": in_range(int, "records", 0, 1_000_000_000),
     "partitions_per_task": integer(1, 100_000),
+    "max_waves_per_batch": integer(1, 100),
 }
 
 
@@ -135,8 +143,16 @@ def run_spark_source(
     metrics.ingest.sources.landed_watermark = sink.latest_checkpoint_watermark()
     metrics.ingest.sources.snapshot = lambda: sink.table_snapshot or sink.snapshot
     close_metrics = metrics.serve(config.health_port) if config.health_port else None
-    landing = BatchLanding(sink, owner, watched, log, on_landed=metrics.landed)
     session = spark_session(spark)
+    landing = BatchLanding(
+        sink,
+        owner,
+        watched,
+        log,
+        on_landed=metrics.landed,
+        read_wave=wave_reader(session, options),
+        max_waves=spark.max_waves_per_batch,
+    )
     session.streams.addListener(metrics.listener())
     try:
         _stream(session, options, spark, landing, log, stop)
@@ -165,6 +181,17 @@ def _stream(
     if failure is not None:
         raise SparkQueryFailed(_first_line(str(failure)))
     log.info("spark_source_stopped")
+
+
+def wave_reader(session: Any, options: SourceOptions) -> ReadWave:
+    """A further wave of a batch, read on the executors as a batch read of the same source."""
+
+    def read(reads: list[PartitionRead], batch: BatchIdentity) -> pa.Table:
+        wave = {WAVE: wave_json(reads, batch)}
+        frame = session.read.format(NAME).options(**options.to_options(), **wave).load()
+        return frame.toArrow()
+
+    return read
 
 
 def start_query(

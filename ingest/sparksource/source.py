@@ -12,6 +12,7 @@ on an executor.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -21,7 +22,12 @@ from typing import Any
 import pyarrow as pa
 from google.cloud import spanner
 from google.cloud.spanner_v1.database import Database
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from ingest.changestream.query import ChangeStreamQuery, Dialect
@@ -101,6 +107,27 @@ class ChangeStreamDataSource(DataSource):
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return ChangeStreamStreamReader(SourceOptions.from_options(dict(self.options)))
 
+    def reader(self, schema: Any) -> DataSourceReader:
+        """A further wave of a batch (``spark.read`` with the ``wave`` option), which the
+        landing runs for partitions that became ready within the batch."""
+        options = dict(self.options)
+        reads, batch = parse_wave(options.pop(WAVE))
+        return WaveReader(SourceOptions.from_options(options), reads, batch)
+
+
+class WaveReader(DataSourceReader):
+    def __init__(
+        self, options: SourceOptions, reads: list[PartitionRead], batch: BatchIdentity
+    ) -> None:
+        self.options, self.reads, self.batch = options, reads, batch
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return tasks_of(self.reads, self.batch, self.options)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, TaskInput)
+        return read_task(partition)
+
 
 class ChangeStreamStreamReader(DataSourceStreamReader):
     def __init__(self, options: SourceOptions) -> None:
@@ -147,24 +174,56 @@ class ChangeStreamStreamReader(DataSourceStreamReader):
         if end["max_records"]:
             per_task = max(1, math.ceil(end["max_records"] / max(1, len(reads))))
             reads = plan_batch(resume, batch_end, limit, per_task)
-        batch = BatchIdentity(version, batch_end, len(reads))
-        size = self.options.partitions_per_task
-        return [
-            TaskInput(reads[i : i + size], batch, self.options) for i in range(0, len(reads), size)
-        ]
+        return tasks_of(reads, BatchIdentity(version, batch_end, len(reads)), self.options)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, TaskInput)
-        task, options = partition, partition.options
-        source = ChangeStreamQuery(
-            _database(options.project, options.instance, options.database),
-            options.stream,
-            Dialect(options.dialect),
-            options.heartbeat_ms,
-            options.mutable_key_range,
-        )
-        items = read_partitions(source, task.reads, RetryPolicy(), time.sleep)
-        yield from task_batches(items, task.batch, ROWS_PER_ARROW_BATCH)
+        return read_task(partition)
+
+
+def tasks_of(
+    reads: list[PartitionRead], batch: BatchIdentity, options: SourceOptions
+) -> list[InputPartition]:
+    size = options.partitions_per_task
+    return [TaskInput(reads[i : i + size], batch, options) for i in range(0, len(reads), size)]
+
+
+def read_task(task: TaskInput) -> Iterator[pa.RecordBatch]:
+    """What one task yields: its partitions' rows and reports (``task.read_partitions``)."""
+    options = task.options
+    source = ChangeStreamQuery(
+        _database(options.project, options.instance, options.database),
+        options.stream,
+        Dialect(options.dialect),
+        options.heartbeat_ms,
+        options.mutable_key_range,
+    )
+    items = read_partitions(source, task.reads, RetryPolicy(), time.sleep)
+    yield from task_batches(items, task.batch, ROWS_PER_ARROW_BATCH)
+
+
+WAVE = "wave"
+
+
+def wave_json(reads: list[PartitionRead], batch: BatchIdentity) -> str:
+    return json.dumps(
+        {
+            "version": batch.version,
+            "end": to_rfc3339(batch.end),
+            "partitions": batch.partitions,
+            "reads": [[r.token, to_rfc3339(r.start), r.max_records] for r in reads],
+        }
+    )
+
+
+def parse_wave(text: str) -> tuple[list[PartitionRead], BatchIdentity]:
+    data = json.loads(text)
+    end = parse_rfc3339(data["end"])
+    reads = [
+        PartitionRead(token, parse_rfc3339(start), end, limit)
+        for token, start, limit in data["reads"]
+    ]
+    return reads, BatchIdentity(data["version"], end, data["partitions"])
 
 
 @functools.lru_cache(maxsize=8)
