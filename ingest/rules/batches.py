@@ -59,6 +59,11 @@ class PartitionReport:
     """A child the task read after its only parent ended within the batch (not planned)."""
 
 
+def share_of(budget: int, reads: int) -> int:
+    """Each read's records limit when ``reads`` share ``budget`` records: at least one each."""
+    return max(1, -(-budget // max(1, reads)))
+
+
 def stops_at_limit(read: PartitionRead, records_read: int, watermark: Nanos) -> bool:
     """Whether a task stops before its next record: it read its records limit and moved its
     partition's watermark past where it started, so every batch makes progress."""
@@ -149,12 +154,14 @@ class BatchCut:
             if report.closed and partition.ended:
                 self._coordinator.stream_ended(report.token)
 
-    def next_wave(self, max_records: int | None = None) -> list[PartitionRead]:
-        """Partitions that became ready within the batch, to read up to its end. Partitions
-        ready from the start but not planned (over the partitions limit) are not among them."""
+    def next_wave(self, budget: int | None = None) -> list[PartitionRead]:
+        """Partitions that became ready within the batch, to read up to its end, sharing
+        ``budget`` records. Partitions ready from the start but not planned (over the partitions
+        limit) are not among them."""
         ready = self._tracker.take_ready()
         self._ready.update((p.token, p) for p in ready)
-        return [PartitionRead(p.token, p.resume_timestamp, self._end, max_records) for p in ready]
+        limit = None if budget is None else share_of(budget, len(ready))
+        return [PartitionRead(p.token, p.resume_timestamp, self._end, limit) for p in ready]
 
     def cut(self) -> ResumePoint:
         """The batch's consistent cut and where the next batch resumes."""

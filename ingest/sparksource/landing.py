@@ -49,6 +49,9 @@ class LandedBatch:
     transactions: int
     rows: int
     rows_above_cut: int
+    records_read: int
+    """Data change records the batch's tasks read, every wave's (what its records limit
+    bounds)."""
     outcome: str
     """``landed``, ``replayed`` (landed before a crash) or ``superseded`` (another writer)."""
     commit_timestamps: tuple[Nanos, ...] = ()
@@ -100,7 +103,10 @@ class BatchLanding:
         batch_cut.apply(reports)
         waves = [batch]
         while len(waves) < self._max_waves and self._read_wave is not None:
-            reads = batch_cut.next_wave()
+            budget = _records_left(identity.max_records, waves)
+            if budget == 0:
+                break
+            reads = batch_cut.next_wave(budget)
             if not reads:
                 break
             wave = self._read_wave(reads, replace(identity, partitions=len(reads)))
@@ -149,6 +155,7 @@ class BatchLanding:
             transactions,
             below.num_rows,
             pc.sum(pc.greater(stamps, cut.low_watermark)).as_py() or 0,
+            _records(data),
             outcome,
             _commit_timestamps(below) if outcome == "landed" else (),
         )
@@ -163,6 +170,7 @@ class BatchLanding:
             transactions=transactions,
             rows=below.num_rows,
             rows_above_cut=landed.rows_above_cut,
+            records_read=landed.records_read,
             low_watermark=to_rfc3339(cut.low_watermark),
             cut_lowered=cut.low_watermark < identity.end,
             watermark_lag_seconds=self._lag_s(cut.low_watermark),
@@ -188,6 +196,18 @@ class BatchLanding:
             f"job {self._sink.job_id} version {planned_from + 1} was committed by another "
             f"process ({successor.owner}); this Spark query stops writing"
         )
+
+
+def _records_left(budget: int | None, waves: list[pa.Table]) -> int | None:
+    """What the batch's records limit leaves for another wave (None: no limit)."""
+    if budget is None:
+        return None
+    return max(0, budget - sum(_records(wave) for wave in waves))
+
+
+def _records(rows: pa.Table) -> int:
+    """Data change records among change-log rows (report rows have no mod index)."""
+    return pc.sum(pc.equal(rows["mod_index"], 0)).as_py() or 0
 
 
 def _reports(batch: pa.Table) -> tuple[list[PartitionReport], BatchIdentity]:

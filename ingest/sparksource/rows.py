@@ -49,6 +49,9 @@ class BatchIdentity:
     version: int
     end: Nanos
     partitions: int
+    max_records: int | None = None
+    """The batch's data change records limit (admission control), shared among the reads of
+    each wave: what the first waves read is not there for the next."""
 
 
 def task_batches(
@@ -100,6 +103,7 @@ def report_json(report: PartitionReport, batch: BatchIdentity) -> str:
             "version": batch.version,
             "end": to_rfc3339(batch.end),
             "partitions": batch.partitions,
+            "max_records": batch.max_records,
             "token": report.token,
             "watermark": to_rfc3339(report.watermark),
             "closed": report.closed,
@@ -119,7 +123,10 @@ def parse_report(text: str) -> tuple[PartitionReport, BatchIdentity]:
         data["closed"],
         data["followed"],
     )
-    return report, BatchIdentity(data["version"], parse_rfc3339(data["end"]), data["partitions"])
+    identity = BatchIdentity(
+        data["version"], parse_rfc3339(data["end"]), data["partitions"], data["max_records"]
+    )
+    return report, identity
 
 
 def _lineage_json(record: ChangeRecord) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from ingest.sparksource.landing import BatchLanding, ReadWave
 from ingest.sparksource.metrics import SparkSourceMetrics
 from ingest.sparksource.rows import BatchIdentity
 from ingest.sparksource.source import NAME, WAVE, ChangeStreamDataSource, SourceOptions, wave_json
-from runtime.errors import ReportedError
+from runtime.errors import BadInput, ReportedError
 from runtime.options import in_range, integer, load_options, non_empty, seconds
 
 Logger = structlog.typing.FilteringBoundLogger
@@ -112,6 +112,15 @@ def run_spark_source(
     if job is None:
         return 0
     opened, sink, snapshot, log = job.opened, job.sink, job.snapshot, job.log
+    unfinished = sink.table_snapshot
+    if unfinished is not None and not unfinished.complete:
+        release_lease(sink, log)
+        raise OnDemandSnapshotRunning(
+            "an on-demand snapshot of "
+            + ", ".join(t.table for t in unfinished.tables)
+            + " is unfinished: the Spark source does not run it; let `python -m ingest run` "
+            "finish it first"
+        )
     if snapshot is not None and not snapshot.complete:
         snapshot = snapshot_tables(opened, config, snapshot, job.expected, sink, log, stop)
         if not snapshot.complete:
@@ -213,6 +222,10 @@ def start_query(
         .queryName(f"changelog-{options.job_id}")
         .start()
     )
+
+
+class OnDemandSnapshotRunning(BadInput):
+    """The job's newest checkpoint carries an unfinished on-demand snapshot."""
 
 
 class SparkQueryFailed(ReportedError, RuntimeError):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -34,7 +33,7 @@ from ingest.changestream.query import ChangeStreamQuery, Dialect
 from ingest.changestream.retries import RetryPolicy
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339, to_rfc3339
-from ingest.rules.batches import PartitionRead, plan_batch
+from ingest.rules.batches import PartitionRead, plan_batch, share_of
 from ingest.sparksource.rows import SPARK_SCHEMA, BatchIdentity, task_batches
 from ingest.sparksource.task import read_partitions
 
@@ -170,11 +169,12 @@ class ChangeStreamStreamReader(DataSourceStreamReader):
         version, batch_end = end["version"], parse_rfc3339(end["end"])
         resume = self._sink.checkpoint(version).resume_point
         limit = self.options.max_partitions_per_batch or None
+        budget = end["max_records"] or None
         reads = plan_batch(resume, batch_end, limit)
-        if end["max_records"]:
-            per_task = max(1, math.ceil(end["max_records"] / max(1, len(reads))))
-            reads = plan_batch(resume, batch_end, limit, per_task)
-        return tasks_of(reads, BatchIdentity(version, batch_end, len(reads)), self.options)
+        if budget is not None:
+            reads = plan_batch(resume, batch_end, limit, share_of(budget, len(reads)))
+        batch = BatchIdentity(version, batch_end, len(reads), budget)
+        return tasks_of(reads, batch, self.options)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, TaskInput)
@@ -211,6 +211,7 @@ def wave_json(reads: list[PartitionRead], batch: BatchIdentity) -> str:
             "version": batch.version,
             "end": to_rfc3339(batch.end),
             "partitions": batch.partitions,
+            "max_records": batch.max_records,
             "reads": [[r.token, to_rfc3339(r.start), r.max_records] for r in reads],
         }
     )
@@ -223,7 +224,7 @@ def parse_wave(text: str) -> tuple[list[PartitionRead], BatchIdentity]:
         PartitionRead(token, parse_rfc3339(start), end, limit)
         for token, start, limit in data["reads"]
     ]
-    return reads, BatchIdentity(data["version"], end, data["partitions"])
+    return reads, BatchIdentity(data["version"], end, data["partitions"], data["max_records"])
 
 
 @functools.lru_cache(maxsize=8)
