@@ -46,11 +46,12 @@ from ingest.changestream.config import ReaderConfig
 from ingest.changestream.reader import ChangeStreamReader
 from ingest.delta.batcher import Batcher
 from ingest.delta.sink import DeltaChangeLogSink
-from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339, to_rfc3339
+from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339
 from runtime.logs import null_logger
 from tests.delta_checks import read_versions
 from tests.scripted_spanner import Script, scripted_query
 from tests.simulation import build_wide_topology
+from tests.spark_source_driver import command as driver_command
 
 ROOT = Path(__file__).resolve().parent.parent
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -108,15 +109,17 @@ def run_service(port: int, start: Nanos, end: Nanos, table: Path) -> None:
 
 
 def worker_cpu_s(driver: int) -> float:
-    """CPU seconds of the driver's PySpark daemon and its workers (reaped ones included)."""
+    """CPU seconds of the Python workers that run the driver's tasks (the ``pyspark.worker``
+    daemon and its forks, reaped ones included); the driver side's own Python processes
+    (planning, the streaming source's runner) are not counted."""
     total = 0.0
     for pid in process_tree(driver):
         try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if b"pyspark.daemon" in command or b"pyspark/daemon" in command:
+        if b"pyspark.daemon" in arguments and b"pyspark.worker" in arguments:
             total += sum(int(v) for v in fields[11:15]) / CLOCK_TICKS
     return total
 
@@ -127,17 +130,9 @@ def run_spark(
     """The driver until the change log passes ``end``; the partition queries and the worker
     CPU seconds of the batches that landed from ``steady_from`` on."""
     log = table.parent / f"{table.name}.log"
-    argv = [
-        sys.executable,
-        "-m",
-        "tests.spark_source_driver",
-        f"--port={port}",
-        f"--table={table}",
-        f"--checkpoint={table}.checkpoint",
-        f"--start={to_rfc3339(start)}",
-        f"--until={to_rfc3339(end)}",
-        f"--master=local[{cores}]",
-    ]
+    argv = driver_command(
+        port, table, Path(f"{table}.checkpoint"), start, end, master=f"local[{cores}]"
+    )
     with log.open("wb") as out:
         driver = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     steady_cpu: float | None = None

@@ -66,13 +66,20 @@ class Process:
 
 
 def process_tree(pid: int) -> Iterator[int]:
-    """A process and its live descendants (the pipeline's JVM), as /proc lists them."""
+    """A process and its live descendants (the pipeline's JVM and its Python workers), as /proc
+    lists them: each thread's children, as a JVM starts processes from threads other than its
+    main one."""
     pending = [pid]
     while pending:
         current = pending.pop()
         try:
-            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+            threads = list(Path(f"/proc/{current}/task").iterdir())
         except OSError:
             continue
         yield current
-        pending.extend(int(child) for child in children)
+        for thread in threads:
+            try:
+                children = (thread / "children").read_text().split()
+            except OSError:
+                continue
+            pending.extend(int(child) for child in children)

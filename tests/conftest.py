@@ -20,6 +20,7 @@ pytest_plugins = ["tests.pipeline_runs"]
 LONGEST_FIRST = (
     "test_snapshot.py",
     "test_spark_cluster.py",
+    "test_spark_source.py",
     "test_source_changes.py",
     "test_pipeline.py",
     "test_end_to_end.py",
@@ -27,6 +28,7 @@ LONGEST_FIRST = (
     "test_soak_smoke.py",
     "test_bench_smoke_spark.py",
     "test_wide_streams.py",
+    "test_spark_source_scripted.py",
     "test_long_running.py",
     "test_table_snapshot.py",
     "test_rebase.py",

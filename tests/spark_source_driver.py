@@ -10,10 +10,11 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 from ingest.delta.batcher import WatchedColumnsPoll
 from ingest.delta.sink import DeltaChangeLogSink
-from ingest.model.timestamps import parse_rfc3339
+from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
 from ingest.sparksource.landing import BatchLanding, LandedBatch
 from ingest.sparksource.run import SparkSourceConfig, spark_session, start_query, wave_reader
 from ingest.sparksource.source import SourceOptions
@@ -21,6 +22,30 @@ from runtime.logs import make_logger
 
 JOB = "scripted.s"
 OWNER = "spark-scripted"
+
+
+def command(
+    port: int,
+    table: Path,
+    checkpoint: Path,
+    start: Nanos,
+    until: Nanos,
+    master: str = "local[2]",
+    mutable_key_range: bool = False,
+) -> list[str]:
+    """The command line that runs this driver in a new process of this interpreter."""
+    return [
+        sys.executable,
+        "-m",
+        "tests.spark_source_driver",
+        f"--port={port}",
+        f"--table={table}",
+        f"--checkpoint={checkpoint}",
+        f"--start={to_rfc3339(start)}",
+        f"--until={to_rfc3339(until)}",
+        f"--master={master}",
+        *(["--mutable-key-range"] if mutable_key_range else []),
+    ]
 
 
 def main() -> int:

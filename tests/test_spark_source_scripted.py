@@ -18,10 +18,11 @@ import pytest
 
 from ingest.contract.changelog import SCHEMA_ROW, SNAPSHOT_ROW
 from ingest.model.records import Transaction
-from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339, to_rfc3339
+from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339
 from tests.delta_checks import read_versions
 from tests.scripted_spanner import Script, parents_of
 from tests.simulation import build_wide_topology, mutable_key_range_streams
+from tests.spark_source_driver import command
 
 PARTITIONS = 2_000
 HORIZON_S = 20
@@ -75,17 +76,14 @@ def test_two_thousand_partitions_through_a_driver_restart_land_once_whole_in_ord
         script = Script(streams, parents=parents_of(streams), live=True)
     server, port = serve(script, tmp_path / "script.pickle")
     table, log = tmp_path / "changelog", tmp_path / "driver.log"
-    argv = [
-        sys.executable,
-        "-m",
-        "tests.spark_source_driver",
-        f"--port={port}",
-        f"--table={table}",
-        f"--checkpoint={tmp_path / 'checkpoint'}",
-        f"--start={to_rfc3339(topology.start)}",
-        f"--until={to_rfc3339(topology.end)}",
-        *(["--mutable-key-range"] if mutable_key_range else []),
-    ]
+    argv = command(
+        port,
+        table,
+        tmp_path / "checkpoint",
+        topology.start,
+        topology.end,
+        mutable_key_range=mutable_key_range,
+    )
     kill_after = rng.randint(2, 5)
     try:
         with log.open("ab") as out:
