@@ -89,6 +89,8 @@ class DeltaChangeLogSink:
         self._table_snapshot: SnapshotProgress | None = None
         self._resume_point: ResumePoint | None = None
         """The resume point of this process's newest commit."""
+        self._landed: Checkpoint | None = None
+        """The checkpoint of this process's newest commit, landed."""
 
     @property
     def job_id(self) -> str:
@@ -121,6 +123,8 @@ class DeltaChangeLogSink:
 
     def checkpoint(self, version: int, table: DeltaTable | None = None) -> Checkpoint:
         """The checkpoint the job's commit ``version`` carries."""
+        if self._landed is not None and self._landed.version == version:
+            return self._landed
         table = table or self.table()
         checkpoint = self._checkpoint_at(table, version) if table is not None else None
         if checkpoint is None:
@@ -131,7 +135,9 @@ class DeltaChangeLogSink:
         return checkpoint
 
     def _checkpoint_at(self, table: DeltaTable, version: int) -> Checkpoint | None:
-        for limit in (50, None):
+        """The newest commit first: a commit's checkpoint lists every partition (hundreds of
+        KiB at thousands of partitions), and the version asked for is usually the newest."""
+        for limit in (1, 50, None):
             for commit in table.history(limit):
                 text = commit.get(CHECKPOINT_KEY)
                 if text is None:
@@ -246,6 +252,7 @@ class DeltaChangeLogSink:
                 replayed = self._write_once(version, rows, checkpoint)
         self._next_version = version + 1
         self._resume_point = resume_point
+        self._landed = checkpoint
         table = self.table()
         delta_version = table.version() if table is not None else None
         if table is not None and not replayed:

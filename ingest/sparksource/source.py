@@ -31,6 +31,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from ingest.changestream.query import ChangeStreamQuery, Dialect
 from ingest.changestream.retries import RetryPolicy
+from ingest.contract.changelog import Checkpoint
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339, to_rfc3339
 from ingest.rules.batches import PartitionRead, plan_batch, share_of
@@ -132,6 +133,8 @@ class ChangeStreamStreamReader(DataSourceStreamReader):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._sink = DeltaChangeLogSink(options.table_uri, options.job_id, owner="")
+        self._newest: Checkpoint | None = None
+        """The checkpoint ``latestOffset`` planned from: ``partitions`` asks for it next."""
 
     def initialOffset(self) -> dict[str, Any]:
         checkpoint = self._sink.latest_checkpoint()
@@ -152,7 +155,7 @@ class ChangeStreamStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """The next batch: from the newest checkpoint to what has settled, at most the span."""
-        checkpoint = self._sink.latest_checkpoint()
+        checkpoint = self._newest = self._sink.latest_checkpoint()
         if checkpoint is None:
             return start
         low = checkpoint.resume_point.low_watermark
@@ -167,7 +170,9 @@ class ChangeStreamStreamReader(DataSourceStreamReader):
         if "max_records" not in end:
             return []
         version, batch_end = end["version"], parse_rfc3339(end["end"])
-        resume = self._sink.checkpoint(version).resume_point
+        newest = self._newest
+        planned_from = newest if newest and newest.version == version else None
+        resume = (planned_from or self._sink.checkpoint(version)).resume_point
         limit = self.options.max_partitions_per_batch or None
         budget = end["max_records"] or None
         reads = plan_batch(resume, batch_end, limit)
