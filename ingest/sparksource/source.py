@@ -5,8 +5,9 @@ planned from, ``end`` its end timestamp. The resume point itself (low watermark,
 finished parents) is the checkpoint that version's commit carries, so a batch Spark replays
 after a crash plans exactly the tasks it planned the first time, and every next batch plans from
 what the change log holds. On the driver, ``latestOffset`` picks the end and ``partitions``
-plans one task per ready partition (``rules.batches``); each task runs ``task.read_partition``
-on an executor.
+plans one read per ready partition (``rules.batches``), ``partitions_per_task`` reads a task;
+each task runs ``task.read_partitions`` on an executor. ``reader`` serves a batch's further
+waves (``landing``) as a batch read.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class SourceOptions:
     """A batch ends at most this long after the low watermark it starts from: a catch-up after
     downtime comes in bounded batches."""
     max_partitions_per_batch: int = 0
-    """Tasks per batch, lowest watermark first (0: every ready partition)."""
+    """Partitions read per batch, lowest watermark first (0: every ready partition)."""
     max_records_per_batch: int = 0
     """Data change records per batch, shared among its partitions (0: no limit); Spark's
     ``ReadMaxRows``."""
