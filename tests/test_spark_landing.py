@@ -213,3 +213,18 @@ def test_a_merge_within_a_batch_is_read_by_a_further_wave_and_rows_below_w_never
     assert landed is not None and (landed.low_watermark, landed.transactions) == (START + 500, 2)
     rows = read_versions(tmp_path / "again")[-1].rows
     assert [r["server_transaction_id"] for r in rows] == ["tx-a", "tx-m"]
+
+
+def test_after_the_hand_over_no_batch_lands(tmp_path: Path) -> None:
+    sink = job_at(tmp_path)
+    reads: dict[str, tuple[list[DataChangeRecord], PartitionReport]] = {
+        "p1": ([record(START + 150, "tx-a", 0, 1)], closed("p1", START + 200)),
+        "p2": ([], closed("p2", START + 200)),
+    }
+    spark = landing(sink)
+    spark.land(batch(2, START + 200, reads), 0)
+    assert spark.landing.hand_over() is not None
+    assert spark.landing.land(batch(3, START + 300, reads), 1) is None
+    newest = read_versions(tmp_path / "changelog")[-1]
+    assert newest.checkpoint is not None and newest.checkpoint.lease_released
+    assert newest.checkpoint.resume_point.low_watermark == START + 200

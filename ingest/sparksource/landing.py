@@ -16,6 +16,7 @@ plans from the newest checkpoint. While the query runs, another writer's commit 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -26,7 +27,7 @@ import structlog
 
 from ingest.contract.changelog import SCHEMA
 from ingest.delta.batcher import WatchedColumnsPoll
-from ingest.delta.sink import DeltaChangeLogSink, WriterFenced
+from ingest.delta.sink import CommitResult, DeltaChangeLogSink, WriterFenced
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 from ingest.rules.assembler import IncompleteTransactionError, InconsistentTransactionError
 from ingest.rules.batches import BatchCut, BatchPlanError, PartitionRead, PartitionReport
@@ -88,15 +89,29 @@ class BatchLanding:
         self._read_wave = read_wave
         self._max_waves = max_waves
         self._landed_any = False
+        self._lock = threading.Lock()
+        """Held while a batch lands: the lease is handed over only between batches."""
+        self._handed_over = False
 
     def __call__(self, frame: object, batch_id: int) -> None:
         self.land(frame.toArrow(), batch_id)  # type: ignore[attr-defined]
 
+    def hand_over(self) -> CommitResult | None:
+        """A clean stop's last commit (the lease released), once no batch is landing; no batch
+        lands after it. A stopped query's batch may still be finishing on its callback thread."""
+        with self._lock:
+            self._handed_over = True
+            return self._sink.release_lease()
+
     def land(self, batch: pa.Table, batch_id: int) -> LandedBatch | None:
         """None for a batch that planned nothing (Spark's first batch of a job whose start has
-        not settled yet: its offsets are equal)."""
-        if batch.num_rows == 0:
-            return None
+        not settled yet: its offsets are equal), or that came after the hand-over."""
+        with self._lock:
+            if batch.num_rows == 0 or self._handed_over:
+                return None
+            return self._land(batch, batch_id)
+
+    def _land(self, batch: pa.Table, batch_id: int) -> LandedBatch:
         reports, identity = _reports(batch)
         checkpoint = self._sink.checkpoint(identity.version)
         batch_cut = BatchCut(checkpoint.resume_point, identity.end)

@@ -165,12 +165,14 @@ def run_spark_source(
     session.streams.addListener(metrics.listener())
     try:
         _stream(session, options, spark, landing, log, stop)
+        result = landing.hand_over()  # a failed query leaves the lease to run out
+        if result is not None:
+            log.info("writer_lease_released", version=result.version)
+        return 0
     finally:
-        release_lease(sink, log)
         session.stop()
         if close_metrics is not None:
             close_metrics()
-    return 0
 
 
 def _stream(
