@@ -32,6 +32,7 @@ def command(
     until: Nanos,
     master: str = "local[2]",
     mutable_key_range: bool = False,
+    max_batch_span_s: float = 60.0,
 ) -> list[str]:
     """The command line that runs this driver in a new process of this interpreter."""
     return [
@@ -44,6 +45,7 @@ def command(
         f"--start={to_rfc3339(start)}",
         f"--until={to_rfc3339(until)}",
         f"--master={master}",
+        f"--max-batch-span-s={max_batch_span_s}",
         *(["--mutable-key-range"] if mutable_key_range else []),
     ]
 
@@ -58,6 +60,7 @@ def main() -> int:
     parser.add_argument("--mutable-key-range", action="store_true")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--partitions-per-task", type=int, default=100)
+    parser.add_argument("--max-batch-span-s", type=float, default=60.0)
     args = parser.parse_args()
     os.environ["SPANNER_EMULATOR_HOST"] = f"127.0.0.1:{args.port}"
     log = make_logger(sys.stdout).bind(job_id=JOB)
@@ -76,6 +79,7 @@ def main() -> int:
         args.table,
         JOB,
         partitions_per_task=args.partitions_per_task,
+        max_batch_span_s=args.max_batch_span_s,
     )
     until = parse_rfc3339(args.until)
     reached: list[LandedBatch] = []

@@ -211,9 +211,9 @@ def test_a_batch_spark_replays_lands_once_and_admission_control_bounds_batches(
 def test_a_change_log_handed_from_the_service_to_the_spark_source_and_back(
     new_database, tmp_path: Path
 ) -> None:
-    """Service, Spark source, service, Spark source, service: each stops cleanly (its lease
-    released) while the workload runs, the next continues from the newest checkpoint, and the
-    change log passes the same checks as one writer's."""
+    """Service, Spark source, service: each stops cleanly (its lease released) while the
+    workload runs, the next continues from the newest checkpoint, and the change log passes the
+    same checks as one writer's."""
     database = new_database("googlesql")
     table, start = tmp_path / "changelog", start_after_setup()
     service = Service(database.database_id, table, tmp_path / "ingest.log", start)
@@ -224,8 +224,8 @@ def test_a_change_log_handed_from_the_service_to_the_spark_source_and_back(
         tmp_path / "spark-source.log",
         start,
     )
-    thread, _, committed = background_workload(database, seconds=45, rate=20, seed=11)
-    turns = [(service, "delta_commit"), (source, "spark_batch")] * 2 + [(service, "delta_commit")]
+    thread, _, committed = background_workload(database, seconds=30, rate=20, seed=11)
+    turns = [(service, "delta_commit"), (source, "spark_batch"), (service, "delta_commit")]
     for writer, event in turns:
         landed = writer.count(event)
         process = writer.start()
@@ -242,7 +242,7 @@ def test_a_change_log_handed_from_the_service_to_the_spark_source_and_back(
     versions = assert_change_log_invariants(table, committed)
     owners = [v.checkpoint.owner for v in versions if v.checkpoint]
     handovers = [o for o, n in itertools.pairwise(owners) if o != n]
-    assert len(handovers) == 4, f"writers in turn: {handovers}"
+    assert len(handovers) == 2, f"writers in turn: {handovers}"
     assert owner_of(str(tmp_path / "spark-checkpoint")) in owners
 
 
