@@ -191,6 +191,8 @@ def _stream(
     query.stop()
     if failure is not None:
         raise SparkQueryFailed(_first_line(str(failure)))
+    if not stop.is_set():  # its thread died without an exception Spark recorded
+        raise SparkQueryFailed("the streaming query ended without being stopped; see its log")
     log.info("spark_source_stopped")
 
 
