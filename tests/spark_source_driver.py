@@ -86,7 +86,6 @@ def main() -> int:
     session = spark_session(SparkSourceConfig(master=args.master))
     landing = BatchLanding(
         sink,
-        OWNER,
         WatchedColumnsPoll(None, 10.0, log),
         log,
         on_landed=lambda batch: reached.append(batch) if batch.low_watermark >= until else None,

@@ -49,9 +49,9 @@ def job_at(tmp_path: Path, owner: str = "spark-a") -> DeltaChangeLogSink:
 class Landing:
     """The landing under test; every batch here plans something, so each lands a result."""
 
-    def __init__(self, sink: DeltaChangeLogSink, owner: str) -> None:
+    def __init__(self, sink: DeltaChangeLogSink) -> None:
         watched = WatchedColumnsPoll(None, 10.0, null_logger())
-        self.landing = BatchLanding(sink, owner, watched, null_logger())
+        self.landing = BatchLanding(sink, watched, null_logger())
 
     def land(self, table: pa.Table, batch_id: int) -> LandedBatch:
         landed = self.landing.land(table, batch_id)
@@ -59,8 +59,8 @@ class Landing:
         return landed
 
 
-def landing(sink: DeltaChangeLogSink, owner: str = "spark-a") -> Landing:
-    return Landing(sink, owner)
+def landing(sink: DeltaChangeLogSink) -> Landing:
+    return Landing(sink)
 
 
 def batch(
@@ -199,14 +199,14 @@ def test_a_merge_within_a_batch_is_read_by_a_further_wave_and_rows_below_w_never
         return pa.Table.from_batches([rows, report], schema=SOURCE_SCHEMA)
 
     watched = WatchedColumnsPoll(None, 10.0, null_logger())
-    without = BatchLanding(sink, "spark-a", watched, null_logger())
+    without = BatchLanding(sink, watched, null_logger())
     first = without.land(batch(2, START + 500, reads), 0)
     assert first is not None and first.low_watermark == START + 299, "the merge lowers the cut"
     sink2 = DeltaChangeLogSink(str(tmp_path / "again"), JOB, "spark-a")
     sink2.continue_after(None)
     sink2.start_job(START)
     sink2.commit([], resume_at(START + 99, "p1", "p2"))
-    landed = BatchLanding(sink2, "spark-a", watched, null_logger(), read_wave=read_wave).land(
+    landed = BatchLanding(sink2, watched, null_logger(), read_wave=read_wave).land(
         batch(2, START + 500, reads), 0
     )
     assert asked == [[PartitionRead("p3", START + 300, START + 500)]]

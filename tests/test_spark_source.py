@@ -172,7 +172,6 @@ def test_a_batch_spark_replays_lands_once_and_admission_control_bounds_batches(
         CrashingLanding(
             BatchLanding(
                 DeltaChangeLogSink(str(table), JOB, owner),
-                owner,
                 NO_WATCH,
                 log,
                 read_wave=wave_reader(spark, options),
@@ -190,7 +189,6 @@ def test_a_batch_spark_replays_lands_once_and_admission_control_bounds_batches(
     assert outcomes[3] == "replayed", outcomes
     final = BatchLanding(
         DeltaChangeLogSink(str(table), JOB, owner),
-        owner,
         NO_WATCH,
         log,
         read_wave=wave_reader(spark, options),

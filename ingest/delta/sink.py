@@ -111,16 +111,6 @@ class DeltaChangeLogSink:
             return None
         return self.checkpoint(version, table)
 
-    def latest_checkpoint_watermark(self) -> Nanos | None:
-        """The low watermark of the job's newest checkpoint; None before its first commit."""
-        checkpoint = self.latest_checkpoint()
-        return checkpoint.resume_point.low_watermark if checkpoint is not None else None
-
-    def landed_version(self) -> int | None:
-        """The job's newest version in the table (its application transaction)."""
-        table = self.table()
-        return table.transaction_version(self._job_id) if table is not None else None
-
     def checkpoint(self, version: int, table: DeltaTable | None = None) -> Checkpoint:
         """The checkpoint the job's commit ``version`` carries."""
         if self._landed is not None and self._landed.version == version:

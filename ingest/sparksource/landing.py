@@ -9,9 +9,10 @@ commits watches these.
 
 Exactly once: a batch is planned from the job's change-log version v and lands v + 1 only while
 the job is at v (the sink's fence). A batch Spark replays after a crash finds v + 1 landed by
-this query and lands nothing; one whose v + 1 another writer landed while this query was down
-(the service, during a hand-over) is superseded and lands nothing either, and the next batch
-plans from the newest checkpoint. While the query runs, another writer's commit fences it.
+the sink's own owner and lands nothing; one whose v + 1 another writer landed while this query
+was down (the service, during a hand-over) is fenced off as the first batch of this driver:
+superseded, it lands nothing, and the next batch plans from the newest checkpoint. While the
+query runs, another writer's commit fences it.
 """
 
 from __future__ import annotations
@@ -67,7 +68,6 @@ class BatchLanding:
     def __init__(
         self,
         sink: DeltaChangeLogSink,
-        owner: str,
         watched: WatchedColumnsPoll,
         log: Logger,
         monotonic: Callable[[], float] = time.monotonic,
@@ -80,7 +80,6 @@ class BatchLanding:
         it) on the executors, at most ``max_waves`` waves per batch in all; without it every
         such partition lowers the cut."""
         self._sink = sink
-        self._owner = owner
         self._watched = watched
         self._log = log
         self._monotonic = monotonic
@@ -139,15 +138,18 @@ class BatchLanding:
         below = data.filter(
             pc.and_(pc.greater(stamps, after), pc.less_equal(stamps, cut.low_watermark))
         )
-        transactions = _check_whole(below)
-        outcome = self._outcome(identity.version)
-        version = None
-        if outcome == "landed":
-            self._sink.continue_after(checkpoint)
-            watched = self._watched.changes(cut.low_watermark, self._monotonic())
+        commit_timestamps = _check_whole(below)
+        transactions = len(commit_timestamps)
+        self._sink.continue_after(checkpoint)
+        watched = self._watched.changes(cut.low_watermark, self._monotonic())
+        try:
             result = self._sink.commit_rows(_ordered(below), transactions, cut, watched)
+        except WriterFenced:
+            if self._landed_any:
+                raise
+            result = None  # superseded: another writer landed v + 1 while this query was down
+        if result is not None and not result.replayed:
             self._watched.landed(watched)
-            version, outcome = result.version, "replayed" if result.replayed else outcome
             self._log.info(
                 "delta_commit",
                 version=result.version,
@@ -158,8 +160,10 @@ class BatchLanding:
                 schema_rows=sorted(watched),
                 low_watermark=to_rfc3339(cut.low_watermark),
                 watermark_lag_seconds=self._lag_s(cut.low_watermark),
-                replayed=result.replayed,
+                replayed=False,
             )
+        outcome = "superseded" if result is None else "replayed" if result.replayed else "landed"
+        version = result.version if result is not None else None
         self._landed_any = True
         landed = LandedBatch(
             batch_id,
@@ -172,7 +176,7 @@ class BatchLanding:
             pc.sum(pc.greater(stamps, cut.low_watermark)).as_py() or 0,
             _records(data),
             outcome,
-            _commit_timestamps(below) if outcome == "landed" else (),
+            commit_timestamps if outcome == "landed" else (),
         )
         self._log.info(
             "spark_batch",
@@ -196,21 +200,6 @@ class BatchLanding:
 
     def _lag_s(self, low_watermark: Nanos) -> float:
         return round((self._wall_clock() - low_watermark) / NANOS_PER_SECOND, 3)
-
-    def _outcome(self, planned_from: int) -> str:
-        """``landed`` when the job is still at the version the batch was planned from."""
-        landed = self._sink.landed_version()
-        if landed is None or landed <= planned_from:
-            return "landed"
-        successor = self._sink.checkpoint(planned_from + 1)
-        if successor.owner == self._owner:
-            return "replayed"
-        if not self._landed_any:
-            return "superseded"
-        raise WriterFenced(
-            f"job {self._sink.job_id} version {planned_from + 1} was committed by another "
-            f"process ({successor.owner}); this Spark query stops writing"
-        )
 
 
 def _records_left(budget: int | None, waves: list[pa.Table]) -> int | None:
@@ -242,8 +231,9 @@ def _reports(batch: pa.Table) -> tuple[list[PartitionReport], BatchIdentity]:
     return [report for report, _ in parsed], identity
 
 
-def _check_whole(rows: pa.Table) -> int:
-    """The number of transactions, once each is shown whole and consistent, and no row twice."""
+def _check_whole(rows: pa.Table) -> tuple[Nanos, ...]:
+    """Each transaction's commit timestamp, once each is shown whole and consistent, and no row
+    twice."""
     distinct = rows.group_by(["server_transaction_id", "record_sequence", "mod_index"]).aggregate(
         []
     )
@@ -272,12 +262,9 @@ def _check_whole(rows: pa.Table) -> int:
                 f"{row['record_sequence_count_distinct']} of {expected['min']} records at or "
                 "below the batch's cut"
             )
-    return per_transaction.num_rows
-
-
-def _commit_timestamps(rows: pa.Table) -> tuple[Nanos, ...]:
-    firsts = rows.filter(pc.equal(rows["mod_index"], 0)).group_by("server_transaction_id")
-    return tuple(firsts.aggregate([(COMMIT_NANOS, "min")])[f"{COMMIT_NANOS}_min"].to_pylist())
+    return tuple(
+        per_transaction[f"{COMMIT_NANOS}_min_max"].combine_chunks().field("min").to_pylist()
+    )
 
 
 def _ordered(rows: pa.Table) -> pa.Table:

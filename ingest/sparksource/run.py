@@ -149,13 +149,12 @@ def run_spark_source(
         log,
     )
     metrics = SparkSourceMetrics()
-    metrics.ingest.sources.landed_watermark = sink.latest_checkpoint_watermark()
+    metrics.ingest.sources.landed_watermark = job.resume.low_watermark
     metrics.ingest.sources.snapshot = lambda: sink.table_snapshot or sink.snapshot
     close_metrics = metrics.serve(config.health_port) if config.health_port else None
     session = spark_session(spark)
     landing = BatchLanding(
         sink,
-        owner,
         watched,
         log,
         on_landed=metrics.landed,
