@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -42,7 +43,7 @@ from ingest.model.records import (
 )
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
 from ingest.rules.partitions import INITIAL_PARTITION
-from tests.simulation import records_from
+from tests.simulation import Topology, mutable_key_range_streams, records_from
 
 
 def _type(code: int) -> Type:
@@ -456,6 +457,16 @@ class ScriptedChangeStreamServicer(SpannerServicer):
                 quiet_since + heartbeat,
             )
             time.sleep(min(max(wake - now, 0) / 1e9, 0.05))
+
+
+def live_script(topology: Topology, rng: random.Random, mutable_key_range: bool) -> Script:
+    """A topology served live in either partition mode: child partitions records (the parents
+    recorded, to catch a child queried early), or ``MUTABLE_KEY_RANGE``'s partition start and end
+    records with key ranges moving."""
+    if mutable_key_range:
+        return Script(mutable_key_range_streams(topology, rng), mutable_key_range=True, live=True)
+    streams = topology.records_by_partition()
+    return Script(streams, parents=parents_of(streams), live=True)
 
 
 def start_server(

@@ -20,8 +20,8 @@ from ingest.contract.changelog import SCHEMA_ROW, SNAPSHOT_ROW
 from ingest.model.records import Transaction
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339
 from tests.delta_checks import read_versions
-from tests.scripted_spanner import Script, parents_of
-from tests.simulation import build_wide_topology, mutable_key_range_streams
+from tests.scripted_spanner import Script, live_script
+from tests.simulation import build_wide_topology
 from tests.spark_source_driver import command
 
 PARTITIONS = 2_000
@@ -68,12 +68,7 @@ def test_two_thousand_partitions_through_a_driver_restart_land_once_whole_in_ord
         start=start,
         horizon=HORIZON_S * NANOS_PER_SECOND,
     )
-    if mutable_key_range:
-        streams = mutable_key_range_streams(topology, rng)
-        script = Script(streams, mutable_key_range=True, live=True)
-    else:
-        streams = topology.records_by_partition()
-        script = Script(streams, parents=parents_of(streams), live=True)
+    script = live_script(topology, rng, mutable_key_range)
     server, port = serve(script, tmp_path / "script.pickle")
     table, log = tmp_path / "changelog", tmp_path / "driver.log"
     argv = command(

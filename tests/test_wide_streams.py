@@ -18,8 +18,8 @@ from ingest.model.records import Transaction
 from ingest.model.resume import Release, ResumePoint
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos
 from runtime.logs import null_logger
-from tests.scripted_spanner import Script, parents_of, scripted_query, start_server
-from tests.simulation import build_wide_topology, mutable_key_range_streams
+from tests.scripted_spanner import live_script, scripted_query, start_server
+from tests.simulation import build_wide_topology
 
 PARTITIONS = 2_000
 TURNS = 32
@@ -94,12 +94,7 @@ def test_two_thousand_partitions_split_and_merge_and_lose_nothing(
         start=start,
         horizon=horizon,
     )
-    if mutable_key_range:
-        streams = mutable_key_range_streams(topology, rng)
-        script = Script(streams, mutable_key_range=True, live=True)
-    else:
-        streams = topology.records_by_partition()
-        script = Script(streams, parents=parents_of(streams), live=True)
+    script = live_script(topology, rng, mutable_key_range)
     server, servicer, port = start_server(script, workers=4 * TURNS)
     sampler = Sampler()
     rss_before = rss_bytes()
