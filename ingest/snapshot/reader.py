@@ -58,29 +58,26 @@ def read_table(
     chunk_rows: int,
     range_rows: int | None = None,
     chunk_bytes: int | None = None,
+    end_key: Key | None = None,
 ) -> Iterator[SnapshotChunk]:
-    """The table's rows after ``after_key`` (all of them for None) as of exactly
-    ``read_timestamp``, in chunks of ``chunk_rows`` rows or ``chunk_bytes`` bytes, whichever
-    comes first; the last chunk is marked done (it may be empty). Reads ``range_rows`` rows at a
-    time (five chunks unless told), fewer when rows are large: with a byte bound the ranges
-    after the first hold about five chunks' bytes, so wide rows bound memory as narrow ones
-    do."""
-    keys = [c for c in column_types if c.is_primary_key]
+    """The table's rows after ``after_key`` (all of them for None) up to ``end_key`` included
+    (the table's last for None) as of exactly ``read_timestamp``, in chunks of ``chunk_rows``
+    rows or ``chunk_bytes`` bytes, whichever comes first; the last chunk is marked done (it may
+    be empty). Reads ``range_rows`` rows at a time (five chunks unless told), fewer when rows
+    are large: with a byte bound the ranges after the first hold about five chunks' bytes, so
+    wide rows bound memory as narrow ones do."""
     values = [c for c in column_types if not c.is_primary_key]
-    columns = [c.name for c in keys] + [c.name for c in values]
     most_rows = range_rows or 5 * chunk_rows
     limit = most_rows if chunk_bytes is None else min(most_rows, FIRST_RANGE_ROWS)
     rows: list[tuple[str, str]] = []
     size = 0
     last_key = after_key
-    width = len(keys)
     with database.snapshot(read_timestamp=to_datetime(read_timestamp), multi_use=True) as snapshot:
+        keys = primary_key(snapshot, table, column_types)
+        columns = [c.name for c in keys] + [c.name for c in values]
+        width = len(keys)
         while True:
-            key_set = (
-                KeySet(all_=True)
-                if last_key is None
-                else KeySet(ranges=[KeyRange(start_open=list(last_key), end_closed=[])])
-            )
+            key_set = _key_set(last_key, end_key)
             result: Any = snapshot.read(table, columns, key_set, limit=limit, lazy_decode=True)
             read = read_bytes = 0
             for row in result:
@@ -103,6 +100,86 @@ def read_table(
             if chunk_bytes is not None:
                 limit = max(1, min(most_rows, 5 * chunk_bytes * read // max(read_bytes, 1)))
     yield SnapshotChunk(table, column_types, rows, last_key, done=True)
+
+
+def primary_key(
+    snapshot: Any, table: str, column_types: tuple[ColumnType, ...]
+) -> list[ColumnType]:
+    """The table's key columns in the primary key's order, which a key binds to: column order
+    (``ordinal_position``, the order of ``column_types``) may differ, as in ``CREATE TABLE t (b
+    STRING(MAX), a INT64) PRIMARY KEY (a, b)``."""
+    schema, _, name = table.rpartition(".")
+
+    def literal(text: str) -> str:
+        return "'" + text.replace("'", "''") + "'"
+
+    in_schema = f" AND table_schema = {literal(schema)}" if schema else ""
+    order = [
+        row[0]
+        for row in snapshot.execute_sql(
+            "SELECT column_name FROM information_schema.index_columns "
+            f"WHERE index_type = 'PRIMARY_KEY' AND table_name = {literal(name)}{in_schema} "
+            "ORDER BY ordinal_position"
+        )
+    ]
+    keys = {c.name: c for c in column_types if c.is_primary_key}
+    if sorted(order) != sorted(keys):
+        raise ValueError(f"the primary key of {table} is {order}, the columns say {sorted(keys)}")
+    return [keys[name] for name in order]
+
+
+def _key_set(after: Key | None, end: Key | None) -> KeySet:
+    if after is None and end is None:
+        return KeySet(all_=True)
+    last = list(end) if end is not None else []
+    if after is None:
+        return KeySet(ranges=[KeyRange(start_closed=[], end_closed=last)])
+    return KeySet(ranges=[KeyRange(start_open=list(after), end_closed=last)])
+
+
+def sample_keys(
+    database: Database,
+    table: str,
+    key_columns: tuple[ColumnType, ...],
+    read_timestamp: Nanos,
+    rows: int,
+    postgresql: bool,
+) -> list[Key]:
+    """Up to ``rows`` keys of the table at ``read_timestamp``, in key order: the keys whose
+    fingerprint is lowest (Spanner scans the table's keys once and sends only these). A hash
+    rather than ``TABLESAMPLE`` because both dialects serve it (the PostgreSQL interface has no
+    ``TABLESAMPLE``) and the same table at the same timestamp gives the same sample. Read back by
+    key, a read yields rows in key order, whatever each key column's direction."""
+    quote = '"' if postgresql else "`"
+
+    def quoted(name: str) -> str:
+        return f"{quote}{name.replace(quote, quote * 2)}{quote}"
+
+    def as_text(column: ColumnType) -> str:
+        value = quoted(column.name)
+        if column.type.get("code") == "BYTES":
+            value = f"{'spanner.farm_fingerprint' if postgresql else 'FARM_FINGERPRINT'}({value})"
+        text = "varchar" if postgresql else "STRING"
+        return f"{'COALESCE' if postgresql else 'IFNULL'}(CAST({value} AS {text}), '')"
+
+    fingerprint = "spanner.farm_fingerprint" if postgresql else "FARM_FINGERPRINT"
+    with database.snapshot(read_timestamp=to_datetime(read_timestamp), multi_use=True) as snapshot:
+        keys = primary_key(snapshot, table, key_columns)
+        if not keys:
+            return []
+        names = [c.name for c in keys]
+        joined = " || '|' || ".join(as_text(c) for c in keys)
+        sql = (
+            f"SELECT {', '.join(quoted(n) for n in names)} "
+            f"FROM {'.'.join(quoted(p) for p in table.split('.'))} "
+            f"ORDER BY {fingerprint}({joined}) LIMIT {int(rows)}"
+        )
+        result: Any = snapshot.execute_sql(sql, lazy_decode=True)
+        sampled = [[wire_json(v) for v in row] for row in result]
+        if not sampled:
+            return []
+        ordered: Any = snapshot.read(table, names, KeySet(keys=sampled), lazy_decode=True)
+        return [tuple(wire_json(v) for v in row) for row in ordered]
 
 
 def count_rows(database: Database, table: str, read_timestamp: Nanos, postgresql: bool) -> int:
