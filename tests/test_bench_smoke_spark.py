@@ -27,6 +27,10 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         ["--versions", "3", "--keys", "100", "--rows-per-version", "50"],
         r"^first batch done, from process start\t[\d.]+ s$(.|\n)*^  MERGE\t[\d.]+\t",
     ),
+    "spark_snapshot.py": (
+        ["--rows", "3000", "--tasks", "1", "2", "--parts", "4"],
+        r"^2\t[1-9]\d*\t[\d.]+\t[\d.]+\t\d+$",
+    ),
     "spark_source.py": (
         ["--widths", "50", "--cores", "1", "--seconds", "5", "--warmup", "5", "--rate", "20"],
         r"^50\tspark local\[1\]\t[1-9]\d*\t[\d.]+\t[\d.]+\t[\d.]+\t[\d.]+$",

@@ -29,6 +29,7 @@ ALLOWED = {
         "runtime",
         "ingest.model",
         "ingest.contract",
+        "ingest.rules",
         "ingest.changestream.retries",
         "ingest.snapshot",
     ),

@@ -9,9 +9,11 @@ import pytest
 from deltalake import DeltaTable
 
 from ingest.delta.sink import DeltaChangeLogSink, Maintenance, WriterFenced
-from ingest.model.records import Mod, Transaction
+from ingest.delta.snapshot_files import SnapshotFileWriter, read_keys
+from ingest.model.records import ColumnType, Mod, Transaction
 from ingest.model.resume import ResumablePartition, ResumablePartitions, ResumePoint
-from ingest.model.timestamps import parse_rfc3339
+from ingest.model.snapshot import PartProgress, SnapshotChunk, SnapshotProgress
+from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from tests.builders import record
 from tests.delta_checks import read_versions
 from tests.simulation import build_topology
@@ -144,3 +146,42 @@ def test_a_configured_start_that_disagrees_with_the_recorded_one_is_detected(
     assert not start_moved(None, recorded)
     assert not start_moved(COMMIT, recorded)
     assert start_moved(COMMIT + 1, recorded)
+
+
+def test_snapshot_files_written_by_tasks_land_only_with_their_commit(tmp_path: Path) -> None:
+    """Tasks write Parquet into the table's folder; the driver's commit adds them with the
+    progress they reach, fenced like any commit; a file no commit adds is no part of the
+    table."""
+    uri = str(tmp_path / "t")
+    t0 = COMMIT - 1
+    sink = DeltaChangeLogSink(uri, "job", "owner-a")
+    sink.continue_after(None)
+    progress = SnapshotProgress.begin(t0, ["a"]).split("a", (PartProgress(None, None),))
+    sink.start_job(COMMIT, progress)
+    columns = (ColumnType("k", {"code": "INT64"}, True, 1),)
+    rows = [(f'{{"k":"{n}"}}', f'{{"v":{n}}}') for n in range(25)]
+    writer = SnapshotFileWriter(uri, t0, target_bytes=1)
+    for start in range(0, 25, 10):
+        writer.write([SnapshotChunk("a", columns, rows[start : start + 10], None, False)])
+    files = writer.close()
+    assert [f.rows for f in files] == [10, 10, 5]
+    orphan = SnapshotFileWriter(uri, t0, target_bytes=1 << 20)
+    orphan.write([SnapshotChunk("a", columns, rows[:3], None, False)])
+    orphan.close()
+
+    done = progress.part_advanced("a", 0, 25, ("24",), True)
+    landed = sink.commit_snapshot_files([f.add_action() for f in files], 25, done)
+    assert (landed.version, landed.rows) == (2, 25)
+    table = DeltaTable(uri).to_pyarrow_table()
+    assert sorted(table["keys"].to_pylist()) == sorted(k for k, _ in rows)
+    assert set(table["mod_type"].to_pylist()) == {"SNAPSHOT"}
+    assert set(table["commit_timestamp_text"].to_pylist()) == {to_rfc3339(t0)}
+    assert read_keys(uri, files) == [k for k, _ in rows]
+    checkpoint = sink.latest_checkpoint()
+    assert checkpoint is not None and checkpoint.snapshot == done and checkpoint.consistent
+
+    other = DeltaChangeLogSink(uri, "job", "owner-b")
+    other.continue_after(None)
+    with pytest.raises(WriterFenced):
+        other.commit_snapshot_files([files[0].add_action()], 10, done)
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 25

@@ -16,11 +16,14 @@ from pyspark.errors import StreamingQueryException
 
 from emulator.server import free_port
 from emulator.spark_cluster import StandaloneCluster
+from emulator.verify import latest_checkpoint
+from emulator.workload import load_existing_rows
 from ingest.changestream.opening import StreamAddress, open_stream
 from ingest.delta.batcher import WatchedColumnsPoll
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.resume import start_point
 from ingest.model.snapshot import SnapshotProgress
+from ingest.model.timestamps import to_rfc3339
 from ingest.sparksource.landing import BatchLanding
 from ingest.sparksource.run import owner_of, start_query, wave_reader
 from ingest.sparksource.source import SourceOptions
@@ -40,23 +43,27 @@ from tests.processes import (
     wait_until_landed,
 )
 from tests.scrapes import scrape_until, value
+from tests.test_snapshot import KEYS, landed_keys, snapshot_rows, spanner_keys
 
 JOB = "spark-source-test"
 NO_WATCH = WatchedColumnsPoll(None, 10.0, null_logger())
 
 
 @pytest.mark.emulator
-def test_on_a_standalone_cluster_an_executor_and_the_driver_killed_mid_batch_lose_nothing(
+def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
     new_database, tmp_path: Path
 ) -> None:
     """The Spark source on a loopback standalone cluster (two workers of one core) against the
-    emulator churning partitions every 1 to 2 s, after the job's snapshot: kill -9 of an
-    executor while batches run, then of the driver (its JVM with it), restarts; every committed
-    transaction once, whole, in order, and the pipeline's mirrors equal Spanner at the change
-    log's W."""
+    emulator churning partitions every 1 to 2 s, writes all along. The snapshot of 100,000 rows
+    over 3 tables read in key ranges by the executors, its driver killed -9 mid-snapshot and
+    restarted: no range done at the kill is read again (counted), every row at T0 lands once.
+    Then kill -9 of an executor while batches run, then of the driver (its JVM with it),
+    restarts; every committed transaction once, whole, in order, and the pipeline's mirrors
+    equal Spanner at the change log's W."""
     seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
     rng = random.Random(seed)
-    database, start = new_database("googlesql"), start_after_setup()
+    database = new_database("googlesql", accounts=40_000)
+    load_existing_rows(database, accounts=40_000, transfers=40_000, all_types=20_000, seed=seed)
     table = tmp_path / "changelog"
     cluster = StandaloneCluster(tmp_path / "spark")
     metrics_port = free_port()
@@ -65,10 +72,12 @@ def test_on_a_standalone_cluster_an_executor_and_the_driver_killed_mid_batch_los
         table,
         tmp_path / "spark-checkpoint",
         tmp_path / "spark-source.log",
-        start,
+        None,
         master=cluster.master_url,
         SPARK_LOCAL_IP="127.0.0.1",
-        INGEST_SNAPSHOT_MODE="initial",  # the accounts, read at T0 on the driver
+        INGEST_SNAPSHOT_MODE="initial",
+        INGEST_SNAPSHOT_CHUNK_ROWS="1000",
+        INGEST_SPARK_SNAPSHOT_TASK_MB="1",  # a range's progress committed every MiB or so
         INGEST_HEALTH_PORT=str(metrics_port),
     )
     pipeline = Pipeline(
@@ -78,7 +87,35 @@ def test_on_a_standalone_cluster_an_executor_and_the_driver_killed_mid_batch_los
     workload, stop_workload, committed = background_workload(database, 600, 10, seed)
     driver = source.start()
     try:
+        source.wait_for("snapshot_part_landed", 2, timeout=300, process=driver)
+        time.sleep(rng.uniform(0, 1.0))
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+        at_kill = latest_checkpoint(str(table))
+        assert at_kill is not None and at_kill.snapshot is not None
+        assert not at_kill.snapshot.complete, f"seed {seed}: the snapshot ended before the kill"
+        done_at_kill = {
+            (t.table, index)
+            for t in at_kill.snapshot.tables
+            for index, part in enumerate(t.parts)
+            if part.done
+        }
+        lives = source.count("snapshot_started")
+        driver = source.start()
         source.wait_for("spark_batch", 3, timeout=300, process=driver)
+        events = source.events()
+        starts = [i for i, e in enumerate(events) if e["event"] == "snapshot_started"]
+        assert len(starts) > lives, "the restarted driver did not go on with the snapshot"
+        read_again = [
+            e
+            for e in events[starts[lives] :]
+            if e["event"] == "snapshot_part_started" and (e["table"], e["part"]) in done_at_kill
+        ]
+        print(
+            f"snapshot ranges done at the kill: {len(done_at_kill)}; "
+            f"read again after it: {len(read_again)}"
+        )
+        assert not read_again, f"seed {seed}: ranges done at the kill read again: {read_again}"
         workers = [w for w in cluster.processes[1:] if cluster.executor_pids(w)]
         assert workers, "no executor of the source on the cluster"
         time.sleep(rng.uniform(0, 1.5))
@@ -105,7 +142,9 @@ def test_on_a_standalone_cluster_an_executor_and_the_driver_killed_mid_batch_los
         assert value(scraped, "ingest_watermark_lag_seconds") is not None
         stop_workload.set()
         workload.join()
-        wait_until_landed(table, len(committed), timeout=300)
+        read_at = at_kill.snapshot.read_timestamp
+        after_t0 = [c for c in committed if c.commit_timestamp > read_at]
+        wait_until_landed(table, len(after_t0), timeout=300)
         driver.send_signal(signal.SIGTERM)
         assert driver.wait(timeout=90) == 0
         running = pipeline.start()
@@ -115,12 +154,19 @@ def test_on_a_standalone_cluster_an_executor_and_the_driver_killed_mid_batch_los
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
         cluster.stop()
-    assert_change_log_invariants(table, committed)
+    rows = snapshot_rows(table)
+    assert {r["commit_timestamp_text"] for r in rows} == {to_rfc3339(read_at)}
+    for name in KEYS:
+        keys = landed_keys(rows, name)
+        assert max(keys.values()) == 1, f"seed {seed}: a {name} row landed twice"
+        assert keys == spanner_keys(database, name, read_at, "googlesql"), f"seed {seed}"
+    assert len(rows) >= 100_000
+    assert_change_log_invariants(table, after_t0)
     _, comparisons = compare_at_watermark(database, str(table), str(tmp_path / "mirrors"))
     assert_mirrors_equal(comparisons, f"seed {seed}")
     batches = [e for e in source.events() if e["event"] == "spark_batch"]
     assert any(b["partitions"] > 2 for b in batches), "no task followed a partition's child"
-    assert len(committed) >= 100 and all(c.mirror_rows > 0 for c in comparisons), comparisons
+    assert len(after_t0) >= 100 and all(c.mirror_rows > 0 for c in comparisons), comparisons
 
 
 class CrashingLanding:

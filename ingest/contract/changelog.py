@@ -18,7 +18,7 @@ import pyarrow as pa
 from ingest.model.encoding import canonical_json, column_type_from_dict, column_type_to_dict
 from ingest.model.records import ColumnType
 from ingest.model.resume import ResumablePartition, ResumablePartitions, ResumePoint
-from ingest.model.snapshot import SnapshotProgress, TableProgress
+from ingest.model.snapshot import Key, PartProgress, SnapshotProgress, TableProgress
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
 
 if TYPE_CHECKING:
@@ -197,10 +197,29 @@ def _snapshot_json(progress: SnapshotProgress) -> dict[str, Any]:
                     if t.after_key is not None and not t.done
                     else {}
                 ),
+                **({"parts": [_part_json(p) for p in t.parts]} if t.parts else {}),
             }
             for t in progress.tables
         ],
     }
+
+
+def _part_json(part: PartProgress) -> dict[str, Any]:
+    return {
+        "start_after": _key_json(part.start_after),
+        "end": _key_json(part.end),
+        "rows": part.rows,
+        "after_key": _key_json(part.after_key),
+        "done": part.done,
+    }
+
+
+def _key_json(key: Key | None) -> list[Any] | None:
+    return list(key) if key is not None else None
+
+
+def _key(data: list[Any] | None) -> Key | None:
+    return tuple(data) if data is not None else None
 
 
 def _snapshot_from_json(data: dict[str, Any]) -> SnapshotProgress:
@@ -212,6 +231,16 @@ def _snapshot_from_json(data: dict[str, Any]) -> SnapshotProgress:
                 t["rows"],
                 tuple(t["after_key"]) if "after_key" in t else None,
                 t["done"],
+                tuple(
+                    PartProgress(
+                        _key(p["start_after"]),
+                        _key(p["end"]),
+                        p["rows"],
+                        _key(p["after_key"]),
+                        p["done"],
+                    )
+                    for p in t.get("parts", ())
+                ),
             )
             for t in data["tables"]
         ),

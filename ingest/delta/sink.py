@@ -21,11 +21,13 @@ import pyarrow as pa
 import structlog
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.transaction import AddAction
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from ingest.contract.changelog import (
     CHECKPOINT_KEY,
     PARTITION_COLUMNS,
+    SCHEMA,
     Checkpoint,
     from_json,
     to_json,
@@ -40,6 +42,8 @@ from runtime.errors import ReportedError
 from runtime.logs import null_logger
 
 TABLE_CONFIGURATION = {"delta.appendOnly": "true"}
+WriteCommit = Callable[[DeltaTable | None, CommitProperties], None]
+"""A commit other than an append of rows: (the table, the job's commit properties)."""
 
 
 class WriterFenced(ReportedError, RuntimeError):
@@ -190,7 +194,7 @@ class DeltaChangeLogSink:
         rows = changelog.to_arrow(
             transactions, watched, resume_point.low_watermark, snapshot, snapshot_at
         )
-        return self._land(rows, len(transactions), resume_point, lease_released)
+        return self._land(rows, rows.num_rows, len(transactions), resume_point, lease_released)
 
     def commit_rows(
         self,
@@ -203,15 +207,44 @@ class DeltaChangeLogSink:
         ``transactions`` whole transactions up to the resume point's low watermark, in commit
         order; schema rows of ``watched`` are added as ``commit`` adds them."""
         schema_rows = changelog.to_arrow([], watched, resume_point.low_watermark)
+        rows = pa.concat_tables([rows.select(schema_rows.schema.names), schema_rows])
         return self._land(
-            pa.concat_tables([rows.select(schema_rows.schema.names), schema_rows]),
+            rows,
+            rows.num_rows,
             transactions,
             resume_point,
             lease_released=False,
         )
 
+    def commit_snapshot_files(
+        self, files: Sequence[AddAction], rows: int, progress: SnapshotProgress
+    ) -> CommitResult:
+        """Land Parquet files of snapshot rows that tasks wrote into the table's folder (their
+        ``rows`` in all) with the progress they reach, atomically: until this commit they are
+        no part of the table, so a task that died or a driver that died before it leaves only
+        files no version references."""
+        self._snapshot = progress
+
+        def write(table: DeltaTable | None, properties: CommitProperties) -> None:
+            if table is None:
+                raise RuntimeError(f"no change log at {self._uri}: a job's start creates it")
+            table.create_write_transaction(
+                list(files),
+                mode="append",
+                schema=SCHEMA,
+                partition_by=PARTITION_COLUMNS,
+                commit_properties=properties,
+            )
+
+        return self._land(write, rows, 0, start_point(self._job_start or 0), False)
+
     def _land(
-        self, rows: pa.Table, transactions: int, resume_point: ResumePoint, lease_released: bool
+        self,
+        rows: pa.Table | WriteCommit,
+        row_count: int,
+        transactions: int,
+        resume_point: ResumePoint,
+        lease_released: bool,
     ) -> CommitResult:
         version = self._next_version
         checkpoint = Checkpoint(
@@ -247,7 +280,7 @@ class DeltaChangeLogSink:
         delta_version = table.version() if table is not None else None
         if table is not None and not replayed:
             self._maintain(table)
-        return CommitResult(version, delta_version, rows.num_rows, transactions, replayed)
+        return CommitResult(version, delta_version, row_count, transactions, replayed)
 
     def release_lease(self) -> CommitResult | None:
         """A clean stop's last commit: no rows, the newest checkpoint again, marked released, so
@@ -257,7 +290,9 @@ class DeltaChangeLogSink:
             return None
         return self.commit([], self._resume_point, lease_released=True)
 
-    def _write_once(self, version: int, rows: pa.Table, checkpoint: Checkpoint) -> bool:
+    def _write_once(
+        self, version: int, rows: pa.Table | WriteCommit, checkpoint: Checkpoint
+    ) -> bool:
         """Write version n once; True when it had landed already (a retried commit)."""
         table = self.table()
         landed = table.transaction_version(self._job_id) if table is not None else None
@@ -274,6 +309,13 @@ class DeltaChangeLogSink:
                 f"job {self._job_id} is at version {landed} in {self._uri}, expected "
                 f"{version - 1}: another process writes this job"
             )
+        properties = CommitProperties(
+            app_transactions=[Transaction(self._job_id, version)],
+            custom_metadata={CHECKPOINT_KEY: to_json(checkpoint)},
+        )
+        if not isinstance(rows, pa.Table):
+            rows(table, properties)
+            return False
         write_deltalake(
             table if table is not None else self._uri,
             rows,
@@ -281,10 +323,7 @@ class DeltaChangeLogSink:
             partition_by=PARTITION_COLUMNS,
             configuration=TABLE_CONFIGURATION if table is None else None,
             storage_options=self._storage_options if table is None else None,
-            commit_properties=CommitProperties(
-                app_transactions=[Transaction(self._job_id, version)],
-                custom_metadata={CHECKPOINT_KEY: to_json(checkpoint)},
-            ),
+            commit_properties=properties,
         )
         return False
 

@@ -8,6 +8,7 @@ each table again from just after that key, so no row is lost or landed twice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -32,12 +33,43 @@ order: given back to a read as is, it binds to exactly the key it came from."""
 
 
 @dataclass(frozen=True, slots=True)
-class TableProgress:
-    table: str
+class PartProgress:
+    """A key range of a table read by one task at a time (the Spark source's snapshot): fixed
+    in the checkpoint when the table's reading starts, so a new driver reads the same ranges and
+    never a finished one again."""
+
+    start_after: Key | None
+    """The range's first key is the one after this (None: the table's first key)."""
+    end: Key | None
+    """The range's last key, included (None: the table's last key)."""
     rows: int = 0
     after_key: Key | None = None
     """The last key landed; None: nothing landed yet."""
     done: bool = False
+
+    @property
+    def resume_after(self) -> Key | None:
+        """Where the next read of the range starts (just after this key)."""
+        return self.after_key if self.after_key is not None else self.start_after
+
+    def advanced(self, rows: int, last_key: Key | None, done: bool) -> PartProgress:
+        return replace(
+            self,
+            rows=self.rows + rows,
+            after_key=last_key if last_key is not None else self.after_key,
+            done=done,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TableProgress:
+    table: str
+    rows: int = 0
+    after_key: Key | None = None
+    """The last key landed; None: nothing landed yet (or the table is read in ``parts``)."""
+    done: bool = False
+    parts: tuple[PartProgress, ...] = ()
+    """The table's key ranges when it is read in parallel tasks; empty: read whole, in order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +108,42 @@ class SnapshotProgress:
             for t in self.tables
         )
         return replace(self, tables=tables)
+
+    def table(self, name: str) -> TableProgress:
+        return next(t for t in self.tables if t.table == name)
+
+    def split(self, table: str, parts: tuple[PartProgress, ...]) -> SnapshotProgress:
+        """The progress once ``table``'s key ranges are fixed (nothing of it landed yet)."""
+        if not parts:
+            raise ValueError("a table is split into one key range at least")
+        return self._replaced(table, lambda t: replace(t, parts=parts))
+
+    def part_advanced(
+        self, table: str, index: int, rows: int, last_key: Key | None, done: bool
+    ) -> SnapshotProgress:
+        """The progress once rows of part ``index`` up to ``last_key`` have landed; the table is
+        done with its last part."""
+
+        def advance(progress: TableProgress) -> TableProgress:
+            parts = list(progress.parts)
+            parts[index] = parts[index].advanced(rows, last_key, done)
+            return replace(
+                progress,
+                rows=progress.rows + rows,
+                parts=tuple(parts),
+                done=all(p.done for p in parts),
+            )
+
+        return self._replaced(table, advance)
+
+    def _replaced(
+        self, table: str, change: Callable[[TableProgress], TableProgress]
+    ) -> SnapshotProgress:
+        if table not in self.table_names:
+            raise KeyError(f"table {table} is not in the snapshot")
+        return replace(
+            self, tables=tuple(change(t) if t.table == table else t for t in self.tables)
+        )
 
 
 @dataclass(frozen=True, slots=True)

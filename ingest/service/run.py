@@ -155,11 +155,11 @@ def start_job(
     expected = None
     if SnapshotMode(config.snapshot_mode) is not SnapshotMode.NEVER:
         read_at = resume.low_watermark
-        retention = _retention(opened)
+        retention = retention_of(opened)
         check_reachable(read_at, now, retention.version_retention)
         tables = read_watched_columns(opened.database, config.stream, opened.dialect, read_at)
         snapshot = SnapshotProgress.begin(read_at, list(tables))
-        expected = _expected_rows(opened, config, snapshot)
+        expected = expected_rows(opened, config, snapshot)
         if expected is not None:
             end = check_fits_retention(read_at, expected, config.snapshot_rows_per_s, retention)
             log.info("snapshot_estimated", rows=expected, expected_end=to_rfc3339(end))
@@ -326,11 +326,11 @@ def snapshot_tables(
     read that fails past that deadline says so. ``expected``: its rows at T0, when the job's
     start just counted them (a resumed job counts them here)."""
     read_at = progress.read_timestamp
-    retention = _retention(opened)
+    retention = retention_of(opened)
     check_reachable(read_at, time.time_ns(), retention.version_retention)
     deadline = read_at + retention.limit
     if expected is None:
-        expected = _expected_rows(opened, config, progress)
+        expected = expected_rows(opened, config, progress)
     log.info(
         "snapshot_started",
         read_timestamp=to_rfc3339(read_at),
@@ -373,11 +373,11 @@ def _table_reader(database: Database, config: ServiceConfig) -> ReadTable:
     )
 
 
-def _retention(opened: OpenedStream) -> Retention:
+def retention_of(opened: OpenedStream) -> Retention:
     return Retention(opened.version_retention(), opened.info.retention_nanos)
 
 
-def _expected_rows(
+def expected_rows(
     opened: OpenedStream, config: ServiceConfig, progress: SnapshotProgress
 ) -> int | None:
     """Rows at T0 of the tables with something left to read (landed rows included, so the

@@ -116,7 +116,7 @@ class _Stopped(Exception):
 _LOST_TRANSACTION = ("Transaction not found", "Invalid transaction ID")
 
 
-def _worth_reading_again(error: BaseException) -> bool:
+def worth_reading_again(error: BaseException) -> bool:
     """Transient errors, and a read whose single-use transaction the server lost: the emulator
     answers concurrent reads on one multiplexed session (the client's default) with NOT_FOUND
     "Transaction not found" or INVALID_ARGUMENT "Invalid transaction ID" (emulator/NOTES.md). A
@@ -125,6 +125,16 @@ def _worth_reading_again(error: BaseException) -> bool:
     return is_transient(error) or (
         isinstance(error, (api_exceptions.NotFound, api_exceptions.InvalidArgument))
         and any(text in str(error) for text in _LOST_TRANSACTION)
+    )
+
+
+def reading_again() -> Retrying:
+    """A table's read retried from the last key handed over (``worth_reading_again``)."""
+    return Retrying(
+        retry=retry_if_exception(worth_reading_again),
+        wait=wait_exponential_jitter(multiplier=0.1, max=10),
+        stop=stop_after_attempt(8),
+        reraise=True,
     )
 
 
@@ -175,14 +185,8 @@ class SnapshotReaders:
         read_timestamp: Nanos,
         after: Key | None,
     ) -> None:
-        retrying = Retrying(
-            retry=retry_if_exception(_worth_reading_again),
-            wait=wait_exponential_jitter(multiplier=0.1, max=10),
-            stop=stop_after_attempt(8),
-            reraise=True,
-        )
         try:
-            for attempt in retrying:
+            for attempt in reading_again():
                 with attempt:
                     for chunk in read_table(table, columns, read_timestamp, after):
                         self._put(chunk)
@@ -260,9 +264,10 @@ def run_snapshot(
                 report(
                     log, "snapshot_progress", progress, progress.rows - rows_before, now - started
                 )
-                _check_projected_end(
+                check_projected_end(
                     log,
-                    settings,
+                    settings.expected_rows,
+                    settings.deadline,
                     progress,
                     (progress.rows - rows_before) / (now - started),
                     wall_clock(),
@@ -285,21 +290,27 @@ def _with_absent_keys(
     return replace(chunk, deleted_keys=tuple(deleted))
 
 
-def _check_projected_end(
-    log: Logger, settings: SnapshotSettings, progress: SnapshotProgress, rate: float, now: Nanos
+def check_projected_end(
+    log: Logger,
+    expected_rows: int | None,
+    deadline: Nanos | None,
+    progress: SnapshotProgress,
+    rate: float,
+    now: Nanos,
 ) -> None:
-    if settings.expected_rows is None or settings.deadline is None or progress.complete:
+    """An error event while a snapshot's rate would end it past its deadline."""
+    if expected_rows is None or deadline is None or progress.complete:
         return
-    remaining = max(0, settings.expected_rows - progress.rows)
+    remaining = max(0, expected_rows - progress.rows)
     projected = now + int(remaining / rate * NANOS_PER_SECOND) if rate > 0 else None
-    if projected is None or projected > settings.deadline:
+    if projected is None or projected > deadline:
         log.error(
             "snapshot_outliving_retention",
             rows=progress.rows,
-            expected_rows=settings.expected_rows,
+            expected_rows=expected_rows,
             rows_per_second=round(rate, 1),
             projected_end=to_rfc3339(projected) if projected is not None else None,
-            deadline=to_rfc3339(settings.deadline),
+            deadline=to_rfc3339(deadline),
             action="raise version_retention_period (and the change stream's retention_period) "
             "now, while the snapshot runs",
         )

@@ -5,12 +5,13 @@ pipeline's are. Labels are outcomes only (bounded), never row values."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client import Counter, Histogram
 
 from ingest.service.metrics import IngestMetrics
+from ingest.snapshot.parts import PartRead
 from ingest.sparksource.landing import LandedBatch
 from runtime.metrics import progress_listener, serve
 
@@ -42,6 +43,13 @@ class SparkSourceMetrics:
             "Batches whose cut fell below their end (a merge, an announced partition, a limit)",
             registry=registry,
         )
+        self.snapshot_part_reads = Counter(
+            "ingest_snapshot_part_reads",
+            "Snapshot key-range reads landed, by outcome (done: the range ended; continued: "
+            "the task wrote its budget and the range goes on)",
+            labelnames=["outcome"],
+            registry=registry,
+        )
         self.batch_duration = Histogram(
             "ingest_spark_batch_duration_seconds",
             "Micro-batch duration: planning, the tasks' queries, the landing",
@@ -57,6 +65,10 @@ class SparkSourceMetrics:
             self.cuts_lowered.inc()
         if batch.outcome == "landed":
             self.ingest.landed(batch.commit_timestamps, batch.rows, batch.low_watermark)
+
+    def part_reads(self, reads: Sequence[PartRead]) -> None:
+        for read in reads:
+            self.snapshot_part_reads.labels("done" if read.done else "continued").inc()
 
     def progress(self, progress: Any) -> None:
         """One ``StreamingQueryProgress``: a micro-batch completed."""

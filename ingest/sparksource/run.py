@@ -27,10 +27,11 @@ from ingest.delta.batcher import WatchedColumnsPoll
 from ingest.model.snapshot import SnapshotMode
 from ingest.rules.batches import PartitionRead
 from ingest.service.config import ServiceConfig
-from ingest.service.run import release_lease, snapshot_tables, take_job
+from ingest.service.run import TakenJob, release_lease, take_job
 from ingest.sparksource.landing import BatchLanding, ReadWave
 from ingest.sparksource.metrics import SparkSourceMetrics
 from ingest.sparksource.rows import BatchIdentity
+from ingest.sparksource.snapshot import SparkSnapshotSettings, snapshot_in_tasks
 from ingest.sparksource.source import NAME, WAVE, ChangeStreamDataSource, SourceOptions, wave_json
 from runtime.errors import BadInput, ReportedError
 from runtime.options import in_range, integer, load_options, non_empty, seconds
@@ -54,6 +55,14 @@ class SparkSourceConfig:
     max_waves_per_batch: int = 4
     """Waves of one batch: the first reads the planned partitions, each further one those that
     became ready within the batch (merges' children, announced partitions)."""
+    snapshot_tasks: int = 0
+    """Key ranges the snapshot reads at once, a task each (0: Spark's default parallelism)."""
+    snapshot_parts: int = 64
+    """Key ranges a large table is cut into when its snapshot starts (fewer for small tables:
+    at least 10,000 rows each)."""
+    snapshot_task_mb: int = 256
+    """Rows a snapshot task writes before the driver commits its range's progress: what a
+    driver's death costs a range at most."""
 
 
 SPARK_ENVIRONMENT = {
@@ -65,6 +74,9 @@ SPARK_ENVIRONMENT = {
     "max_records_per_batch": "INGEST_SPARK_MAX_RECORDS_PER_BATCH",
     "partitions_per_task": "INGEST_SPARK_PARTITIONS_PER_TASK",
     "max_waves_per_batch": "INGEST_SPARK_MAX_WAVES_PER_BATCH",
+    "snapshot_tasks": "INGEST_SPARK_SNAPSHOT_TASKS",
+    "snapshot_parts": "INGEST_SPARK_SNAPSHOT_PARTS",
+    "snapshot_task_mb": "INGEST_SPARK_SNAPSHOT_TASK_MB",
 }
 SPARK_PARSERS = {
     "master": non_empty,
@@ -75,6 +87,9 @@ SPARK_PARSERS = {
     "max_records_per_batch": in_range(int, "records", 0, 1_000_000_000),
     "partitions_per_task": integer(1, 100_000),
     "max_waves_per_batch": integer(1, 100),
+    "snapshot_tasks": integer(0, 100_000),
+    "snapshot_parts": integer(1, 100_000),
+    "snapshot_task_mb": integer(1, 1_048_576),
 }
 
 
@@ -104,9 +119,10 @@ def run_spark_source(
     config: ServiceConfig, spark: SparkSourceConfig, log: Logger, stop: threading.Event
 ) -> int:
     """1. open the Spanner side; 2. wait for the lease, continue after the newest checkpoint;
-    3. a new job records its start (and snapshot), a resumed one keeps it; 4. finish the
-    snapshot on the driver; 5. serve ``/metrics`` on ``health_port`` (0: not served) and run
-    the streaming query until stopped or failed; 6. hand the lease over with a last commit."""
+    3. a new job records its start (and snapshot), a resumed one keeps it; 4. serve
+    ``/metrics`` on ``health_port`` (0: not served); 5. finish the snapshot in tasks
+    (``snapshot``); 6. run the streaming query until stopped or failed; 7. hand the lease over
+    with a last commit."""
     owner = owner_of(spark.checkpoint_uri)
     job = take_job(config, owner, log, stop)
     if job is None:
@@ -121,12 +137,54 @@ def run_spark_source(
             + " is unfinished: the Spark source does not run it; let `python -m ingest run` "
             "finish it first"
         )
-    if snapshot is not None and not snapshot.complete:
-        snapshot = snapshot_tables(opened, config, snapshot, job.expected, sink, log, stop)
-        if not snapshot.complete:
+    metrics = SparkSourceMetrics()
+    metrics.ingest.sources.landed_watermark = job.resume.low_watermark
+    metrics.ingest.sources.snapshot = lambda: sink.table_snapshot or sink.snapshot
+    close_metrics = metrics.serve(config.health_port) if config.health_port else None
+    session = spark_session(spark)
+    try:
+        if snapshot is not None and not snapshot.complete:
+            snapshot = snapshot_in_tasks(
+                session,
+                opened,
+                config,
+                snapshot_settings(spark, session),
+                snapshot,
+                sink,
+                log,
+                stop,
+                job.expected,
+                on_reads=metrics.part_reads,
+            )
+            if not snapshot.complete:
+                return release_lease(sink, log)
+        if SnapshotMode(config.snapshot_mode) is SnapshotMode.INITIAL_ONLY:
             return release_lease(sink, log)
-    if SnapshotMode(config.snapshot_mode) is SnapshotMode.INITIAL_ONLY:
-        return release_lease(sink, log)
+        return _read_stream(job, config, spark, session, metrics, log, stop)
+    finally:
+        session.stop()
+        if close_metrics is not None:
+            close_metrics()
+
+
+def snapshot_settings(spark: SparkSourceConfig, session: Any) -> SparkSnapshotSettings:
+    return SparkSnapshotSettings(
+        spark.snapshot_tasks or session.sparkContext.defaultParallelism,
+        spark.snapshot_parts,
+        spark.snapshot_task_mb * 1024 * 1024,
+    )
+
+
+def _read_stream(
+    job: TakenJob,
+    config: ServiceConfig,
+    spark: SparkSourceConfig,
+    session: Any,
+    metrics: SparkSourceMetrics,
+    log: Logger,
+    stop: threading.Event,
+) -> int:
+    opened, sink = job.opened, job.sink
     options = SourceOptions(
         config.project,
         config.instance,
@@ -148,11 +206,6 @@ def run_spark_source(
         config.watched_columns_interval_s,
         log,
     )
-    metrics = SparkSourceMetrics()
-    metrics.ingest.sources.landed_watermark = job.resume.low_watermark
-    metrics.ingest.sources.snapshot = lambda: sink.table_snapshot or sink.snapshot
-    close_metrics = metrics.serve(config.health_port) if config.health_port else None
-    session = spark_session(spark)
     landing = BatchLanding(
         sink,
         watched,
@@ -162,16 +215,11 @@ def run_spark_source(
         max_waves=spark.max_waves_per_batch,
     )
     session.streams.addListener(metrics.listener())
-    try:
-        _stream(session, options, spark, landing, log, stop)
-        result = landing.hand_over()  # a failed query leaves the lease to run out
-        if result is not None:
-            log.info("writer_lease_released", version=result.version)
-        return 0
-    finally:
-        session.stop()
-        if close_metrics is not None:
-            close_metrics()
+    _stream(session, options, spark, landing, log, stop)
+    result = landing.hand_over()  # a failed query leaves the lease to run out
+    if result is not None:
+        log.info("writer_lease_released", version=result.version)
+    return 0
 
 
 def _stream(

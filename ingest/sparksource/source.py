@@ -198,7 +198,7 @@ def read_task(task: TaskInput) -> Iterator[pa.RecordBatch]:
     """What one task yields: its partitions' rows and reports (``task.read_partitions``)."""
     options = task.options
     source = ChangeStreamQuery(
-        _database(options.project, options.instance, options.database),
+        spanner_database(options.project, options.instance, options.database),
         options.stream,
         Dialect(options.dialect),
         options.heartbeat_ms,
@@ -234,7 +234,7 @@ def parse_wave(text: str) -> tuple[list[PartitionRead], BatchIdentity]:
 
 
 @functools.lru_cache(maxsize=8)
-def _database(project: str, instance: str, database: str) -> Database:
+def spanner_database(project: str, instance: str, database: str) -> Database:
     """One client per executor's Python worker and database: Spark reuses its workers across
     tasks, and a client (sessions, channels) costs far more than a query."""
     return spanner.Client(project=project).instance(instance).database(database)

@@ -1,0 +1,163 @@
+"""The Spark source's snapshot against the emulator: rows/s with 1, 2 and 4 tasks against the bare
+loop, and the two ways to read a table in parallel compared on one core.
+
+One table (`transfers`, ``--rows`` rows) read at one timestamp T0 by:
+- the bare loop: the reads the service makes (key ranges in key order, ``lazy_decode``, wire
+  JSON), decoded as the service decodes them, nothing else (``snapshot_throughput.bare_loop``);
+- Spanner's partitioned query (``BatchSnapshot.generate_query_batches``, the other design), each
+  partition read in turn and decoded the same way: its rate, and how many partitions the emulator
+  hands out for the table;
+- ``python -m ingest spark-run`` with ``snapshot_mode=initial_only`` on ``local[N]`` and
+  ``INGEST_SPARK_SNAPSHOT_TASKS=N``, a fresh change log each: the snapshot phase (the
+  ``snapshot_started`` event to the last range's commit), so Spark's start-up is left out; and
+  the peak resident set of one Python worker (a task's process) while it ran, sampled.
+
+Figures: rows/s per variant; per task, 1 task against the bare loop (goal ≥ 0.7); scaling, N
+tasks against N times 1 task (goal ≥ 0.8 up to the cores available; the emulator shares them).
+
+Usage: python bench/spark_snapshot.py [--rows 200000] [--tasks 1 2 4] [--parts 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from google.cloud import spanner
+from snapshot_throughput import bare_loop, snapshot_phase_seconds
+
+from emulator.bootstrap import bootstrap
+from emulator.processes import process_tree
+from emulator.server import emulator
+from emulator.workload import load_existing_rows
+from ingest.model.timestamps import Nanos, to_datetime, to_rfc3339
+from ingest.snapshot.reader import wire_json
+
+WORK = Path(tempfile.mkdtemp(prefix="spark-snapshot-bench-"))
+COLUMNS = "from_account_id, transfer_id, to_account_id, amount, created_at"
+RANGE_ROWS = 5 * 10_000
+
+
+def partitioned_loop(database: Any, read_at: Nanos) -> tuple[int, int, float]:
+    """Rows, partitions and seconds of the table read through a partitioned query at T0, one
+    partition after the other, each value decoded as the service decodes it."""
+    began = time.perf_counter()
+    batch_snapshot = database.batch_snapshot(read_timestamp=to_datetime(read_at))
+    try:
+        batches = list(batch_snapshot.generate_query_batches(f"SELECT {COLUMNS} FROM transfers"))
+        rows = 0
+        for batch in batches:
+            for row in batch_snapshot.process_query_batch(batch, lazy_decode=True):
+                decoded = [wire_json(value) for value in row]
+                rows += len(decoded) > 0
+    finally:
+        batch_snapshot.close()
+    return rows, len(batches), time.perf_counter() - began
+
+
+def python_worker_peak(driver: int, stop: threading.Event, peak: list[int]) -> None:
+    """The largest resident set (KiB) of a Spark Python worker under ``driver``, sampled."""
+    while not stop.wait(0.2):
+        for pid in process_tree(driver):
+            if pid == driver:
+                continue
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            if b"pyspark" not in command:
+                continue
+            rss = next(int(line.split()[1]) for line in status.splitlines() if "VmRSS" in line)
+            peak[0] = max(peak[0], rss)
+
+
+def spark_snapshot(database_id: str, start: Nanos, tasks: int, parts: int) -> tuple[float, int]:
+    """Seconds of the snapshot phase with ``tasks`` tasks, and a Python worker's peak RSS (KiB)."""
+    log = WORK / f"spark_{tasks}.log"
+    env = {
+        **os.environ,
+        "SPANNER_DATABASE": database_id,
+        "INGEST_TABLE_URI": str(WORK / f"changelog_{tasks}"),
+        "INGEST_START_TIMESTAMP": to_rfc3339(start),
+        "INGEST_SNAPSHOT_MODE": "initial_only",
+        "INGEST_HEALTH_PORT": "0",
+        "INGEST_SPARK_MASTER": f"local[{tasks}]",
+        "INGEST_SPARK_CHECKPOINT_URI": str(WORK / f"spark_checkpoint_{tasks}"),
+        "INGEST_SPARK_SNAPSHOT_TASKS": str(tasks),
+        "INGEST_SPARK_SNAPSHOT_PARTS": str(parts),
+    }
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ingest", "spark-run"], env=env, stdout=out, stderr=out
+        )
+        stop, peak = threading.Event(), [0]
+        sampler = threading.Thread(target=python_worker_peak, args=(process.pid, stop, peak))
+        sampler.start()
+        code = process.wait()
+        stop.set()
+        sampler.join()
+    assert code == 0, log.read_text()[-3000:]
+    return snapshot_phase_seconds(log), peak[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--tasks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--parts", type=int, default=64)
+    args = parser.parse_args()
+    print(
+        f"machine: {os.cpu_count()} cores, {platform.machine()}, "
+        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
+    )
+    try:
+        with emulator() as running:
+            os.environ["SPANNER_EMULATOR_HOST"] = running.host_port
+            client = spanner.Client(project="local-project")
+            database = bootstrap(client, database_id="spark_snapshot", accounts=0)
+            load_existing_rows(database, accounts=1000, transfers=args.rows, all_types=0)
+            time.sleep(0.2)
+            start = time.time_ns()
+            read_at = start - 1
+            rows, bare_seconds = bare_loop(database, read_at, RANGE_ROWS)
+            assert rows == args.rows, (rows, args.rows)
+            bare = rows / bare_seconds
+            print(f"rows: {rows}")
+            print(f"bare loop          {bare:8.0f} rows/s ({bare_seconds:.2f} s)")
+            read, partitions, seconds = partitioned_loop(database, read_at)
+            assert read == rows, (read, rows)
+            print(
+                f"partitioned query  {read / seconds:8.0f} rows/s ({seconds:.2f} s, "
+                f"{partitions} partitions handed out)"
+            )
+            one_task: float | None = None
+            print("tasks\trows/s\tper task / bare\tof linear\tpython worker peak RSS MiB")
+            for tasks in args.tasks:
+                seconds, peak_kib = spark_snapshot(database.database_id, start, tasks, args.parts)
+                rate = rows / seconds
+                one_task = one_task or (rate if tasks == 1 else None)
+                linear = f"{rate / (tasks * one_task):.2f}" if one_task else "-"
+                print(
+                    f"{tasks}\t{rate:.0f}\t{rate / tasks / bare:.2f}\t{linear}\t"
+                    f"{peak_kib / 1024:.0f}"
+                )
+    finally:
+        shutil.rmtree(WORK, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
