@@ -8,19 +8,23 @@ One table (`transfers`, ``--rows`` rows) read at one timestamp T0 by:
   partition read in turn and decoded the same way: its rate, and how many partitions the emulator
   hands out for the table;
 - ``python -m ingest spark-run`` with ``snapshot_mode=initial_only`` on ``local[N]`` and
-  ``INGEST_SPARK_SNAPSHOT_TASKS=N``, a fresh change log each: the snapshot phase (the
-  ``snapshot_started`` event to the last range's commit), so Spark's start-up is left out; and
-  the peak resident set of one Python worker (a task's process) while it ran, sampled.
+  ``INGEST_SPARK_SNAPSHOT_TASKS=N``, a fresh change log each. Its rate over the snapshot phase
+  (the ``snapshot_started`` event to the last range's commit: Spark's session start left out),
+  and in steady state (the rows landed after the first range read, over the time after it: the
+  first read carries the tables' split, Spark's first job and the Python workers' start, a
+  fixed cost printed apart); the CPU seconds of the Spark process tree and of the emulator; the
+  peak resident set of one Python worker (a task's process), sampled.
 
-Figures: rows/s per variant; per task, 1 task against the bare loop (goal ≥ 0.7); scaling, N
-tasks against N times 1 task (goal ≥ 0.8 up to the cores available; the emulator shares them).
+Figures: per task, the steady rate of 1 task against the bare loop (goal >= 0.7); scaling, N
+tasks against N times 1 task (goal >= 0.8 up to the cores available; the emulator shares them).
 
-Usage: python bench/spark_snapshot.py [--rows 200000] [--tasks 1 2 4] [--parts 64]
+Usage: python bench/spark_snapshot.py [--rows 400000] [--tasks 1 2 4] [--parts 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -29,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +47,7 @@ from emulator.bootstrap import bootstrap
 from emulator.processes import process_tree
 from emulator.server import emulator
 from emulator.workload import load_existing_rows
-from ingest.model.timestamps import Nanos, to_datetime, to_rfc3339
+from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339, to_datetime, to_rfc3339
 from ingest.snapshot.reader import wire_json
 
 WORK = Path(tempfile.mkdtemp(prefix="spark-snapshot-bench-"))
@@ -67,25 +72,50 @@ def partitioned_loop(database: Any, read_at: Nanos) -> tuple[int, int, float]:
     return rows, len(batches), time.perf_counter() - began
 
 
-def python_worker_peak(driver: int, stop: threading.Event, peak: list[int]) -> None:
-    """The largest resident set (KiB) of a Spark Python worker under ``driver``, sampled."""
+@dataclass
+class Sampled:
+    """What sampling a process tree found: a Python worker's peak RSS (KiB), and each process's
+    CPU seconds as last seen (a process's CPU is lost once it exits, so sampled)."""
+
+    python_worker_peak_kib: int = 0
+    cpu: dict[int, float] = field(default_factory=dict)
+
+
+def process_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def sample(driver: int, stop: threading.Event, found: Sampled) -> None:
     while not stop.wait(0.2):
         for pid in process_tree(driver):
-            if pid == driver:
-                continue
             try:
-                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+                found.cpu[pid] = process_cpu(pid)
+                if pid == driver or b"pyspark" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    continue
                 status = Path(f"/proc/{pid}/status").read_text()
-            except OSError:
-                continue
-            if b"pyspark" not in command:
+            except (OSError, IndexError):
                 continue
             rss = next(int(line.split()[1]) for line in status.splitlines() if "VmRSS" in line)
-            peak[0] = max(peak[0], rss)
+            found.python_worker_peak_kib = max(found.python_worker_peak_kib, rss)
 
 
-def spark_snapshot(database_id: str, start: Nanos, tasks: int, parts: int) -> tuple[float, int]:
-    """Seconds of the snapshot phase with ``tasks`` tasks, and a Python worker's peak RSS (KiB)."""
+@dataclass(frozen=True)
+class Run:
+    phase_s: float
+    """``snapshot_started`` to the last range's commit."""
+    first_landed_s: float
+    """``snapshot_started`` to the first range read landed: splitting, Spark's first job, the
+    Python workers' start."""
+    rows_after_first: int
+    python_worker_peak_kib: int
+    spark_cpu_s: float
+    emulator_cpu_s: float
+
+
+def spark_snapshot(
+    database_id: str, start: Nanos, tasks: int, parts: int, emulator_pid: int
+) -> Run:
     log = WORK / f"spark_{tasks}.log"
     env = {
         **os.environ,
@@ -99,23 +129,35 @@ def spark_snapshot(database_id: str, start: Nanos, tasks: int, parts: int) -> tu
         "INGEST_SPARK_SNAPSHOT_TASKS": str(tasks),
         "INGEST_SPARK_SNAPSHOT_PARTS": str(parts),
     }
+    emulator_before = process_cpu(emulator_pid)
     with log.open("ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "ingest", "spark-run"], env=env, stdout=out, stderr=out
         )
-        stop, peak = threading.Event(), [0]
-        sampler = threading.Thread(target=python_worker_peak, args=(process.pid, stop, peak))
+        stop, found = threading.Event(), Sampled()
+        sampler = threading.Thread(target=sample, args=(process.pid, stop, found))
         sampler.start()
         code = process.wait()
         stop.set()
         sampler.join()
     assert code == 0, log.read_text()[-3000:]
-    return snapshot_phase_seconds(log), peak[0]
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith('{"')]
+    started = next(e for e in events if e["event"] == "snapshot_started")
+    landed = [e for e in events if e["event"] == "snapshot_part_landed"]
+    first = parse_rfc3339(landed[0]["timestamp"]) - parse_rfc3339(started["timestamp"])
+    return Run(
+        snapshot_phase_seconds(log),
+        first / NANOS_PER_SECOND,
+        sum(e["rows"] for e in landed[1:]),
+        found.python_worker_peak_kib,
+        sum(found.cpu.values()),
+        process_cpu(emulator_pid) - emulator_before,
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--rows", type=int, default=400_000)
     parser.add_argument("--tasks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--parts", type=int, default=64)
     args = parser.parse_args()
@@ -126,6 +168,8 @@ def main() -> int:
     try:
         with emulator() as running:
             os.environ["SPANNER_EMULATOR_HOST"] = running.host_port
+            assert running.process is not None
+            emulator_pid = running.process.pid
             client = spanner.Client(project="local-project")
             database = bootstrap(client, database_id="spark_snapshot", accounts=0)
             load_existing_rows(database, accounts=1000, transfers=args.rows, all_types=0)
@@ -143,16 +187,22 @@ def main() -> int:
                 f"partitioned query  {read / seconds:8.0f} rows/s ({seconds:.2f} s, "
                 f"{partitions} partitions handed out)"
             )
+            print(
+                "tasks\trows/s\tsteady rows/s\tper task / bare\tof linear\t"
+                "first range landed s\tspark CPU s\temulator CPU s\tpython worker peak MiB"
+            )
             one_task: float | None = None
-            print("tasks\trows/s\tper task / bare\tof linear\tpython worker peak RSS MiB")
             for tasks in args.tasks:
-                seconds, peak_kib = spark_snapshot(database.database_id, start, tasks, args.parts)
-                rate = rows / seconds
-                one_task = one_task or (rate if tasks == 1 else None)
-                linear = f"{rate / (tasks * one_task):.2f}" if one_task else "-"
+                run = spark_snapshot(
+                    database.database_id, start, tasks, args.parts, emulator_pid
+                )
+                steady = run.rows_after_first / max(run.phase_s - run.first_landed_s, 1e-9)
+                one_task = one_task or (steady if tasks == 1 else None)
+                linear = f"{steady / (tasks * one_task):.2f}" if one_task else "-"
                 print(
-                    f"{tasks}\t{rate:.0f}\t{rate / tasks / bare:.2f}\t{linear}\t"
-                    f"{peak_kib / 1024:.0f}"
+                    f"{tasks}\t{rows / run.phase_s:.0f}\t{steady:.0f}\t{steady / tasks / bare:.2f}"
+                    f"\t{linear}\t{run.first_landed_s:.1f}\t{run.spark_cpu_s:.1f}"
+                    f"\t{run.emulator_cpu_s:.1f}\t{run.python_worker_peak_kib / 1024:.0f}"
                 )
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

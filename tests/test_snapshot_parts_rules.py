@@ -50,11 +50,13 @@ def test_key_ranges_cut_at_a_sample_hold_every_key_once(
     assert all(a.end == b.start_after for a, b in itertools.pairwise(ranges))
 
 
-def test_a_small_table_is_one_range_and_a_large_one_as_many_as_asked() -> None:
-    assert parts_wanted(0, 16, 10_000) == 1
-    assert parts_wanted(19_999, 16, 10_000) == 1
-    assert parts_wanted(50_000, 16, 10_000) == 5
-    assert parts_wanted(10**9, 16, 10_000) == 16
+def test_a_table_is_cut_by_size_into_one_range_per_task_at_least_and_never_too_small() -> None:
+    assert parts_wanted(0, 4, 64, 100_000) == 1
+    assert parts_wanted(19_999, 4, 64, 100_000) == 1
+    assert parts_wanted(25_000, 4, 64, 100_000) == 2
+    assert parts_wanted(200_000, 4, 64, 100_000) == 4
+    assert parts_wanted(1_000_000, 4, 64, 100_000) == 10
+    assert parts_wanted(10**9, 4, 64, 100_000) == 64
 
 
 class Crash(Exception):
@@ -133,7 +135,7 @@ def test_every_row_lands_once_and_no_finished_range_is_read_again(
     sizes: list[int], most_parts: int, tasks: int, budget: int, crashes: list[int]
 ) -> None:
     tables = Tables({f"t{i}": list(range(0, 3 * n, 3)) for i, n in enumerate(sizes)}, budget)
-    part_settings = PartSettings(tasks, most_parts, least_part_rows=5, progress_interval_s=0)
+    part_settings = PartSettings(tasks, most_parts, part_rows=5, progress_interval_s=0)
     sink = FakeSink()
     log = structlog.get_logger()
     for crash in [*crashes, None]:

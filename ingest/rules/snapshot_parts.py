@@ -17,10 +17,17 @@ SAMPLE_PER_PART = 32
 """Sampled keys per range: the ranges' sizes vary by about 1/sqrt(32) of a range."""
 
 
-def parts_wanted(rows: int, most_parts: int, least_part_rows: int) -> int:
-    """How many ranges a table of ``rows`` rows is read in: ``most_parts``, fewer for a table too
-    small to be worth splitting (each range holds at least ``least_part_rows``)."""
-    return max(1, min(most_parts, rows // max(1, least_part_rows)))
+SMALLEST_PART_ROWS = 10_000
+"""No table is cut into ranges smaller than this: starting a range's read costs a Spark job."""
+
+
+def parts_wanted(rows: int, tasks: int, most_parts: int, part_rows: int) -> int:
+    """How many ranges a table of ``rows`` rows is read in: one per ``part_rows`` rows, at least
+    one per task while ranges keep ``SMALLEST_PART_ROWS`` rows (so a table alone keeps every
+    task busy), at most ``most_parts``."""
+    by_size = rows // max(1, part_rows)
+    for_tasks = min(tasks, rows // SMALLEST_PART_ROWS)
+    return max(1, min(most_parts, max(by_size, for_tasks)))
 
 
 def key_ranges(ordered_sample: Sequence[Key], parts: int) -> tuple[PartProgress, ...]:

@@ -77,8 +77,8 @@ class PartSettings:
     """Ranges read at once."""
     most_parts: int
     """Key ranges a large table is cut into."""
-    least_part_rows: int = 10_000
-    """A smaller table is cut into fewer ranges (one below twice this)."""
+    part_rows: int = 100_000
+    """Rows per range a table is cut into (``rules.snapshot_parts.parts_wanted``)."""
     progress_interval_s: float = 10.0
     expected_rows: int | None = None
     """The tables' rows at T0 (counted at start), for the projected end; None: not counted."""
@@ -113,7 +113,9 @@ def _ranges(
 ) -> tuple[PartProgress, ...]:
     if table.after_key is not None:
         return (PartProgress(table.after_key, None),)
-    parts = parts_wanted(count_rows(table.table), settings.most_parts, settings.least_part_rows)
+    parts = parts_wanted(
+        count_rows(table.table), settings.tasks, settings.most_parts, settings.part_rows
+    )
     if parts == 1:
         return key_ranges([], 1)
     return key_ranges(sample_keys(table.table, parts * SAMPLE_PER_PART), parts)

@@ -58,8 +58,8 @@ class SparkSourceConfig:
     snapshot_tasks: int = 0
     """Key ranges the snapshot reads at once, a task each (0: Spark's default parallelism)."""
     snapshot_parts: int = 64
-    """Key ranges a large table is cut into when its snapshot starts (fewer for small tables:
-    at least 10,000 rows each)."""
+    """Key ranges a table is cut into at most when its snapshot starts (one per 100,000 rows,
+    and one per task at least while each keeps 10,000 rows)."""
     snapshot_task_mb: int = 256
     """Rows a snapshot task writes before the driver commits its range's progress: what a
     driver's death costs a range at most."""
