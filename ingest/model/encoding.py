@@ -13,8 +13,13 @@ from ingest.model.records import ColumnType, DataChangeRecord, Transaction
 from ingest.model.timestamps import to_rfc3339
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+"""One encoder for every call: ``json.dumps`` with options builds a new one each time (a
+snapshot encodes two texts per row; bench/RESULTS.md, the Spark snapshot's profile)."""
+
+
 def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
 
 
 def column_type_to_dict(column: ColumnType) -> dict[str, Any]:
