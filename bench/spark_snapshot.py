@@ -12,14 +12,16 @@ One table (`transfers`, ``--rows`` rows) read at one timestamp T0 by:
   (the ``snapshot_started`` event to the last range's commit: Spark's session start left out),
   and in steady state: the rows of the reads landed after the N-th (N tasks), over the time
   after it. The first reads carry the tables' split, Spark's first jobs and the Python workers'
-  start, a fixed cost printed apart (``warm after``); ``--task-mb`` (4) keeps reads short, so
-  the steady window holds most rows. Also the CPU seconds of the Spark process tree and of the
-  emulator, and the peak resident set of one Python worker (a task's process), sampled.
+  start, a fixed cost printed apart (``warm after``). ``--task-mb`` is the product's
+  ``snapshot_task_mb`` (256): a smaller one cuts ranges into more reads, so the steady window
+  holds more of them, each paying a Spark job's start. Also the CPU seconds of the Spark
+  process tree and of the emulator, and the peak resident set of one Python worker (a task's
+  process), sampled.
 
 Figures: per task, the steady rate of 1 task against the bare loop (goal >= 0.7); scaling, N
 tasks against N times 1 task (goal >= 0.8 up to the cores available; the emulator shares them).
 
-Usage: python bench/spark_snapshot.py [--rows 400000] [--tasks 1 2 4] [--parts 64] [--task-mb 4]
+Usage: python bench/spark_snapshot.py [--rows 400000] [--tasks 1 2 4] [--parts 64] [--task-mb 256]
 """
 
 from __future__ import annotations
@@ -164,7 +166,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=400_000)
     parser.add_argument("--tasks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--parts", type=int, default=64)
-    parser.add_argument("--task-mb", type=int, default=4, help="INGEST_SPARK_SNAPSHOT_TASK_MB")
+    parser.add_argument("--task-mb", type=int, default=256, help="INGEST_SPARK_SNAPSHOT_TASK_MB")
     args = parser.parse_args()
     print(
         f"machine: {os.cpu_count()} cores, {platform.machine()}, "

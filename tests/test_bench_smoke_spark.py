@@ -28,7 +28,7 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         r"^first batch done, from process start\t[\d.]+ s$(.|\n)*^  MERGE\t[\d.]+\t",
     ),
     "spark_snapshot.py": (
-        ["--rows", "25000", "--tasks", "1", "2", "--parts", "4"],
+        ["--rows", "25000", "--tasks", "1", "2", "--parts", "4", "--task-mb", "1"],
         r"^2\t[1-9]\d*\t[1-9]\d*\t[\d.]+\t([\d.]+|-)\t[\d.]+\t[\d.]+\t[\d.]+\t[1-9]\d*$",
     ),
     "spark_source.py": (
