@@ -10,8 +10,9 @@ One table (`transfers`, ``--rows`` rows) read at one timestamp T0 by:
 - ``python -m ingest spark-run`` with ``snapshot_mode=initial_only`` on ``local[N]`` and
   ``INGEST_SPARK_SNAPSHOT_TASKS=N``, a fresh change log each. Its rate over the snapshot phase
   (the ``snapshot_started`` event to the last range's commit: Spark's session start left out),
-  and in steady state: the rows of the reads landed after the N-th (N tasks), over the time
-  after it. The first reads carry the tables' split, Spark's first jobs and the Python workers'
+  and in steady state: the rows of the reads started once N reads had landed (N tasks, every
+  task's Python worker warm), over the time from the first of them to the end. The first reads
+  carry the tables' split, Spark's first jobs and the Python workers'
   start, a fixed cost printed apart (``warm after``). ``--task-mb`` is the product's
   ``snapshot_task_mb`` (256): a smaller one cuts ranges into more reads, so the steady window
   holds more of them, each paying a Spark job's start. Also the CPU seconds of the Spark
@@ -103,15 +104,28 @@ def sample(driver: int, stop: threading.Event, found: Sampled) -> None:
             found.python_worker_peak_kib = max(found.python_worker_peak_kib, rss)
 
 
+def read_spans(events: list[dict[str, Any]]) -> list[tuple[Nanos, Nanos, int]]:
+    """(started, landed, rows) of every range read, from the driver's log."""
+    open_reads: dict[tuple[str, int], Nanos] = {}
+    spans = []
+    for event in events:
+        key = (event.get("table", ""), event.get("part", -1))
+        if event["event"] == "snapshot_part_started":
+            open_reads[key] = parse_rfc3339(event["timestamp"])
+        elif event["event"] == "snapshot_part_landed":
+            spans.append((open_reads.pop(key), parse_rfc3339(event["timestamp"]), event["rows"]))
+    return spans
+
+
 @dataclass(frozen=True)
 class Run:
     phase_s: float
     """``snapshot_started`` to the last range's commit."""
     warm_s: float
-    """``snapshot_started`` to the N-th read landed (N tasks): splitting, Spark's first jobs,
-    the Python workers' start."""
+    """``snapshot_started`` to the first read started once N reads had landed (N tasks): the
+    tables' split, Spark's first jobs, the Python workers' start."""
     rows_after_warm: int
-    """Rows of the reads landed after that: the steady state."""
+    """Rows of the reads started from then on: the steady state."""
     python_worker_peak_kib: int
     spark_cpu_s: float
     emulator_cpu_s: float
@@ -148,13 +162,15 @@ def spark_snapshot(
     assert code == 0, log.read_text()[-3000:]
     events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith('{"')]
     started = next(e for e in events if e["event"] == "snapshot_started")
-    landed = [e for e in events if e["event"] == "snapshot_part_landed"]
-    warm = min(tasks, len(landed)) - 1
-    warm_ns = parse_rfc3339(landed[warm]["timestamp"]) - parse_rfc3339(started["timestamp"])
+    began = parse_rfc3339(started["timestamp"])
+    reads = read_spans(events)
+    warm_at = sorted(landed for _, landed, _ in reads)[min(tasks, len(reads)) - 1]
+    steady = [(start, rows) for start, _, rows in reads if start >= warm_at]
+    steady_from = min((start for start, _ in steady), default=warm_at)
     return Run(
         snapshot_phase_seconds(log),
-        warm_ns / NANOS_PER_SECOND,
-        sum(e["rows"] for e in landed[warm + 1 :]),
+        (steady_from - began) / NANOS_PER_SECOND,
+        sum(rows for _, rows in steady),
         found.python_worker_peak_kib,
         sum(found.cpu.values()),
         process_cpu(emulator_pid) - emulator_before,
