@@ -12,7 +12,6 @@ from typing import Any
 from ingest.model.records import ColumnType, DataChangeRecord, Transaction
 from ingest.model.timestamps import to_rfc3339
 
-
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 """One encoder for every call: ``json.dumps`` with options builds a new one each time (a
 snapshot encodes two texts per row; bench/RESULTS.md, the Spark snapshot's profile)."""
