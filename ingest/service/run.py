@@ -11,11 +11,12 @@ is released, commit, exit 0.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import structlog
@@ -34,7 +35,7 @@ from ingest.delta.lease import start_moved, wait_for_lease
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.resume import ResumePoint, start_point
 from ingest.model.snapshot import SnapshotMode, SnapshotProgress
-from ingest.model.timestamps import to_rfc3339
+from ingest.model.timestamps import Nanos, to_rfc3339
 from ingest.service.config import ServiceConfig
 from ingest.service.health import Commits, HealthServer, token_file
 from ingest.service.metrics import IngestMetrics
@@ -325,6 +326,61 @@ def snapshot_tables(
     """Land the tables the snapshot has not finished; refused once T0 is out of reach, and a
     read that fails past that deadline says so. ``expected``: its rows at T0, when the job's
     start just counted them (a resumed job counts them here)."""
+    window = open_snapshot(opened, config, progress, expected, log)
+    columns = read_watched_columns(
+        opened.database, config.stream, opened.dialect, progress.read_timestamp
+    )
+    with window.out_of_reach_named():
+        return run_snapshot(
+            sink,
+            progress,
+            columns,
+            _table_reader(opened.database, config),
+            SnapshotSettings(
+                config.snapshot_workers, expected_rows=window.expected, deadline=window.deadline
+            ),
+            log,
+            stop,
+            on_tick=health.tick if health is not None else lambda: None,
+            on_commit=commits.count if commits is not None else lambda: None,
+            absent_keys=lambda table, at, found: keys_of_earlier_jobs(
+                _changelog(sink), table, at, found
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotWindow:
+    """What Spanner keeps for a snapshot at its T0, and the rows it is expected to read."""
+
+    read_timestamp: Nanos
+    version_retention: Nanos
+    deadline: Nanos
+    expected: int | None
+
+    @contextlib.contextmanager
+    def out_of_reach_named(self) -> Iterator[None]:
+        """A read that fails once T0 is out of reach says so (``SnapshotOutOfReach``)."""
+        try:
+            yield
+        except Exception as error:
+            try:
+                check_reachable(self.read_timestamp, time.time_ns(), self.version_retention)
+            except SnapshotOutOfReach as out_of_reach:
+                raise out_of_reach from error
+            raise
+
+
+def open_snapshot(
+    opened: OpenedStream,
+    config: ServiceConfig,
+    progress: SnapshotProgress,
+    expected: int | None,
+    log: Logger,
+    **fields: object,
+) -> SnapshotWindow:
+    """Refused once T0 is out of reach; the deadline, the expected rows (counted here for a
+    resumed job), and the ``snapshot_started`` event with ``fields``."""
     read_at = progress.read_timestamp
     retention = retention_of(opened)
     check_reachable(read_at, time.time_ns(), retention.version_retention)
@@ -339,29 +395,9 @@ def snapshot_tables(
         tables_done=sum(t.done for t in progress.tables),
         rows=progress.rows,
         expected_rows=expected,
+        **fields,
     )
-    columns = read_watched_columns(opened.database, config.stream, opened.dialect, read_at)
-    try:
-        return run_snapshot(
-            sink,
-            progress,
-            columns,
-            _table_reader(opened.database, config),
-            SnapshotSettings(config.snapshot_workers, expected_rows=expected, deadline=deadline),
-            log,
-            stop,
-            on_tick=health.tick if health is not None else lambda: None,
-            on_commit=commits.count if commits is not None else lambda: None,
-            absent_keys=lambda table, at, found: keys_of_earlier_jobs(
-                _changelog(sink), table, at, found
-            ),
-        )
-    except Exception as error:
-        try:
-            check_reachable(read_at, time.time_ns(), retention.version_retention)
-        except SnapshotOutOfReach as out_of_reach:
-            raise out_of_reach from error
-        raise
+    return SnapshotWindow(read_at, retention.version_retention, deadline, expected)
 
 
 def _table_reader(database: Database, config: ServiceConfig) -> ReadTable:

@@ -261,15 +261,13 @@ def run_snapshot(
             now = monotonic()
             if now - last_report >= settings.progress_interval_s or progress.complete:
                 last_report = now
-                report(
-                    log, "snapshot_progress", progress, progress.rows - rows_before, now - started
-                )
-                check_projected_end(
+                report_progress(
                     log,
+                    progress,
+                    rows_before,
+                    now - started,
                     settings.expected_rows,
                     settings.deadline,
-                    progress,
-                    (progress.rows - rows_before) / (now - started),
                     wall_clock(),
                 )
     finally:
@@ -288,6 +286,23 @@ def _with_absent_keys(
     found = [k for c in chunks if c.table == chunk.table for k, _ in c.rows]
     deleted = absent_keys(chunk.table, progress.read_timestamp, found)
     return replace(chunk, deleted_keys=tuple(deleted))
+
+
+def report_progress(
+    log: Logger,
+    progress: SnapshotProgress,
+    rows_before: int,
+    elapsed: float,
+    expected_rows: int | None,
+    deadline: Nanos | None,
+    now: Nanos,
+) -> None:
+    """``snapshot_progress``, and the error event when this process's rate would end the
+    snapshot past its deadline."""
+    rows_now = progress.rows - rows_before
+    report(log, "snapshot_progress", progress, rows_now, elapsed)
+    rate = rows_now / elapsed if elapsed > 0 else 0.0
+    check_projected_end(log, expected_rows, deadline, progress, rate, now)
 
 
 def check_projected_end(

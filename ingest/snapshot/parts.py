@@ -37,7 +37,7 @@ from ingest.rules.snapshot_parts import (
     parts_wanted,
     tables_to_split,
 )
-from ingest.snapshot.initial import check_projected_end, reading_again, report
+from ingest.snapshot.initial import reading_again, report_progress
 
 Logger = structlog.typing.FilteringBoundLogger
 
@@ -177,15 +177,13 @@ def read_parts(
             now = monotonic()
             if now - last_report >= settings.progress_interval_s or progress.complete:
                 last_report = now
-                report(
-                    log, "snapshot_progress", progress, progress.rows - rows_before, now - started
-                )
-                check_projected_end(
+                report_progress(
                     log,
+                    progress,
+                    rows_before,
+                    now - started,
                     settings.expected_rows,
                     settings.deadline,
-                    progress,
-                    (progress.rows - rows_before) / max(now - started, 1e-9),
                     wall_clock(),
                 )
     finally:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -35,8 +34,7 @@ from ingest.model.snapshot import Key, PartProgress, SnapshotChunk, SnapshotProg
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
 from ingest.rules.snapshot_parts import PartToRead
 from ingest.service.config import ServiceConfig
-from ingest.service.run import expected_rows, retention_of
-from ingest.snapshot.initial import SnapshotOutOfReach, check_reachable
+from ingest.service.run import open_snapshot
 from ingest.snapshot.parts import PartRead, PartSettings, read_parts, read_range, split_tables
 from ingest.snapshot.reader import count_rows, read_table, sample_keys
 from ingest.sparksource.source import spanner_database
@@ -232,25 +230,11 @@ def snapshot_in_tasks(
     start just counted them (a resumed job counts them here). The progress reached (complete
     unless stopped)."""
     read_at = progress.read_timestamp
-    retention = retention_of(opened)
-    check_reachable(read_at, time.time_ns(), retention.version_retention)
-    deadline = read_at + retention.limit
-    if expected is None:
-        expected = expected_rows(opened, config, progress)
+    window = open_snapshot(opened, config, progress, expected, log, tasks=settings.tasks)
     postgresql = opened.dialect is query.Dialect.POSTGRESQL
     columns = read_watched_columns(opened.database, config.stream, opened.dialect, read_at)
     part_settings = PartSettings(
-        settings.tasks, settings.most_parts, expected_rows=expected, deadline=deadline
-    )
-    log.info(
-        "snapshot_started",
-        read_timestamp=to_rfc3339(read_at),
-        deadline=to_rfc3339(deadline),
-        tables=len(progress.tables),
-        tables_done=sum(t.done for t in progress.tables),
-        rows=progress.rows,
-        expected_rows=expected,
-        tasks=settings.tasks,
+        settings.tasks, settings.most_parts, expected_rows=window.expected, deadline=window.deadline
     )
 
     def sample(table: str, rows: int) -> list[Key]:
@@ -260,23 +244,18 @@ def snapshot_in_tasks(
     session.dataSource.register(SnapshotPartSource)
     spark_snapshot = SparkSnapshot(session, config, sink, columns, read_at, settings, log, on_reads)
     try:
-        progress = split_tables(
-            progress,
-            functools.partial(_count, opened, read_at, postgresql),
-            sample,
-            part_settings,
-            lambda split: sink.commit_snapshot([], split),
-            log,
-        )
-        return read_parts(
-            progress, spark_snapshot.read_part, spark_snapshot, part_settings, log, stop
-        )
-    except Exception as error:
-        try:
-            check_reachable(read_at, time.time_ns(), retention.version_retention)
-        except SnapshotOutOfReach as out_of_reach:
-            raise out_of_reach from error
-        raise
+        with window.out_of_reach_named():
+            progress = split_tables(
+                progress,
+                functools.partial(_count, opened, read_at, postgresql),
+                sample,
+                part_settings,
+                lambda split: sink.commit_snapshot([], split),
+                log,
+            )
+            return read_parts(
+                progress, spark_snapshot.read_part, spark_snapshot, part_settings, log, stop
+            )
     finally:
         if stop.is_set():
             session.sparkContext.cancelAllJobs()
