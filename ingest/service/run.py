@@ -71,7 +71,7 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
     if job is None:
         return 0
     opened, sink, checkpoint, log = job.opened, job.sink, job.checkpoint, job.log
-    resume, snapshot, expected = job.resume, job.snapshot, job.expected
+    resume, snapshot, table_rows = job.resume, job.snapshot, job.table_rows
     metrics = IngestMetrics()
     metrics.sources.landed_watermark = resume.low_watermark
     metrics.sources.snapshot = lambda: sink.table_snapshot or sink.snapshot
@@ -80,7 +80,7 @@ def run_service(config: ServiceConfig, log: Logger, stop: threading.Event) -> in
     try:
         if snapshot is not None and not snapshot.complete:
             snapshot = snapshot_tables(
-                opened, config, snapshot, expected, sink, log, stop, health, snapshot_commits
+                opened, config, snapshot, table_rows, sink, log, stop, health, snapshot_commits
             )
             if not snapshot.complete:
                 log.info("ingest_stopped", reason="stopped during the snapshot")
@@ -107,8 +107,8 @@ class TakenJob:
     """The newest checkpoint; None for a new job."""
     resume: ResumePoint
     snapshot: SnapshotProgress | None
-    expected: int | None
-    """A new job's snapshot rows at T0, when counted."""
+    table_rows: dict[str, int] | None
+    """A new job's snapshot rows at T0 per table, when counted."""
     log: Logger
 
 
@@ -135,33 +135,35 @@ def take_job(
     if stop.is_set():
         return None
     sink.continue_after(checkpoint)
-    expected: int | None = None
+    table_rows: dict[str, int] | None = None
     if checkpoint is None:
-        resume, snapshot, expected = start_job(opened, config, sink, log)
+        resume, snapshot, table_rows = start_job(opened, config, sink, log)
     else:
         resume, snapshot = resume_job(config, checkpoint, log)
-    return TakenJob(opened, sink, checkpoint, resume, snapshot, expected, log)
+    return TakenJob(opened, sink, checkpoint, resume, snapshot, table_rows, log)
 
 
 def start_job(
     opened: OpenedStream, config: ServiceConfig, sink: DeltaChangeLogSink, log: Logger
-) -> tuple[ResumePoint, SnapshotProgress | None, int | None]:
+) -> tuple[ResumePoint, SnapshotProgress | None, dict[str, int] | None]:
     """Record a new job's start, refused at once if the stream cannot be read from there or a
-    snapshot could not finish within retention; with its snapshot's rows at T0, when counted."""
+    snapshot could not finish within retention; with its snapshot's rows at T0 per table, when
+    counted."""
     now = time.time_ns()
     start = query.validate_start(config.start_timestamp or now, now, opened.info)
     opened.query().check_readable_from(start)
     resume = start_point(start)
     snapshot = None
-    expected = None
+    rows = None
     if SnapshotMode(config.snapshot_mode) is not SnapshotMode.NEVER:
         read_at = resume.low_watermark
         retention = retention_of(opened)
         check_reachable(read_at, now, retention.version_retention)
         tables = read_watched_columns(opened.database, config.stream, opened.dialect, read_at)
         snapshot = SnapshotProgress.begin(read_at, list(tables))
-        expected = expected_rows(opened, config, snapshot)
-        if expected is not None:
+        rows = table_rows(opened, config, snapshot)
+        if rows is not None:
+            expected = sum(rows.values())
             end = check_fits_retention(read_at, expected, config.snapshot_rows_per_s, retention)
             log.info("snapshot_estimated", rows=expected, expected_end=to_rfc3339(end))
     sink.start_job(start, snapshot)
@@ -170,7 +172,7 @@ def start_job(
         job_start=to_rfc3339(start),
         snapshot_read_timestamp=to_rfc3339(snapshot.read_timestamp) if snapshot else None,
     )
-    return resume, snapshot, expected
+    return resume, snapshot, rows
 
 
 def resume_job(
@@ -316,7 +318,7 @@ def snapshot_tables(
     opened: OpenedStream,
     config: ServiceConfig,
     progress: SnapshotProgress,
-    expected: int | None,
+    table_rows: dict[str, int] | None,
     sink: DeltaChangeLogSink,
     log: Logger,
     stop: threading.Event,
@@ -324,9 +326,9 @@ def snapshot_tables(
     commits: Commits | None = None,
 ) -> SnapshotProgress:
     """Land the tables the snapshot has not finished; refused once T0 is out of reach, and a
-    read that fails past that deadline says so. ``expected``: its rows at T0, when the job's
-    start just counted them (a resumed job counts them here)."""
-    window = open_snapshot(opened, config, progress, expected, log)
+    read that fails past that deadline says so. ``table_rows``: its rows at T0 per table, when
+    the job's start just counted them (a resumed job counts them here)."""
+    window = open_snapshot(opened, config, progress, table_rows, log)
     columns = read_watched_columns(
         opened.database, config.stream, opened.dialect, progress.read_timestamp
     )
@@ -356,7 +358,12 @@ class SnapshotWindow:
     read_timestamp: Nanos
     version_retention: Nanos
     deadline: Nanos
-    expected: int | None
+    table_rows: dict[str, int] | None
+    """Rows at T0 per table (landed rows for a table done); None when not counted."""
+
+    @property
+    def expected(self) -> int | None:
+        return sum(self.table_rows.values()) if self.table_rows is not None else None
 
     @contextlib.contextmanager
     def out_of_reach_named(self) -> Iterator[None]:
@@ -375,18 +382,19 @@ def open_snapshot(
     opened: OpenedStream,
     config: ServiceConfig,
     progress: SnapshotProgress,
-    expected: int | None,
+    rows: dict[str, int] | None,
     log: Logger,
     **fields: object,
 ) -> SnapshotWindow:
-    """Refused once T0 is out of reach; the deadline, the expected rows (counted here for a
+    """Refused once T0 is out of reach; the deadline, the rows per table (counted here for a
     resumed job), and the ``snapshot_started`` event with ``fields``."""
     read_at = progress.read_timestamp
     retention = retention_of(opened)
     check_reachable(read_at, time.time_ns(), retention.version_retention)
     deadline = read_at + retention.limit
-    if expected is None:
-        expected = expected_rows(opened, config, progress)
+    if rows is None:
+        rows = table_rows(opened, config, progress)
+    window = SnapshotWindow(read_at, retention.version_retention, deadline, rows)
     log.info(
         "snapshot_started",
         read_timestamp=to_rfc3339(read_at),
@@ -394,10 +402,10 @@ def open_snapshot(
         tables=len(progress.tables),
         tables_done=sum(t.done for t in progress.tables),
         rows=progress.rows,
-        expected_rows=expected,
+        expected_rows=window.expected,
         **fields,
     )
-    return SnapshotWindow(read_at, retention.version_retention, deadline, expected)
+    return window
 
 
 def _table_reader(database: Database, config: ServiceConfig) -> ReadTable:
@@ -413,20 +421,20 @@ def retention_of(opened: OpenedStream) -> Retention:
     return Retention(opened.version_retention(), opened.info.retention_nanos)
 
 
-def expected_rows(
+def table_rows(
     opened: OpenedStream, config: ServiceConfig, progress: SnapshotProgress
-) -> int | None:
-    """Rows at T0 of the tables with something left to read (landed rows included, so the
-    projection compares like with like); None when the estimate is off."""
+) -> dict[str, int] | None:
+    """Rows at T0 of each table with something left to read, the landed rows of each done one
+    (so the projection compares like with like); None when the estimate is off."""
     if not config.snapshot_rows_per_s:
         return None
     postgresql = opened.dialect is query.Dialect.POSTGRESQL
-    return sum(
-        count_rows(opened.database, t.table, progress.read_timestamp, postgresql)
+    return {
+        t.table: count_rows(opened.database, t.table, progress.read_timestamp, postgresql)
         if not t.done
         else t.rows
         for t in progress.tables
-    )
+    }
 
 
 def _changelog(sink: DeltaChangeLogSink) -> DeltaTable:

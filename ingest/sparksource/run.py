@@ -153,7 +153,7 @@ def run_spark_source(
                 sink,
                 log,
                 stop,
-                job.expected,
+                job.table_rows,
                 on_reads=metrics.part_reads,
             )
             if not snapshot.complete:

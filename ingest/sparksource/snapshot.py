@@ -12,7 +12,6 @@ Ranges read in key order can (bench/RESULTS.md compares the two reads' rates).
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -222,20 +221,26 @@ def snapshot_in_tasks(
     sink: DeltaChangeLogSink,
     log: Logger,
     stop: threading.Event,
-    expected: int | None = None,
+    table_rows: dict[str, int] | None = None,
     on_reads: Callable[[Sequence[PartRead]], None] = lambda _: None,
 ) -> SnapshotProgress:
     """Fix the ranges of tables not split yet, then read every range not done on the
-    executors; refused once T0 is out of reach. ``expected``: its rows at T0, when the job's
-    start just counted them (a resumed job counts them here). The progress reached (complete
-    unless stopped)."""
+    executors; refused once T0 is out of reach. ``table_rows``: its rows at T0 per table, when
+    the job's start just counted them (a resumed job counts them here, unless the estimate is
+    off). The progress reached (complete unless stopped)."""
     read_at = progress.read_timestamp
-    window = open_snapshot(opened, config, progress, expected, log, tasks=settings.tasks)
+    window = open_snapshot(opened, config, progress, table_rows, log, tasks=settings.tasks)
     postgresql = opened.dialect is query.Dialect.POSTGRESQL
     columns = read_watched_columns(opened.database, config.stream, opened.dialect, read_at)
     part_settings = PartSettings(
         settings.tasks, settings.most_parts, expected_rows=window.expected, deadline=window.deadline
     )
+
+    def count(table: str) -> int:
+        """Counted once: the window's count when it has one."""
+        if window.table_rows is not None and table in window.table_rows:
+            return window.table_rows[table]
+        return count_rows(opened.database, table, read_at, postgresql)
 
     def sample(table: str, rows: int) -> list[Key]:
         keys = tuple(c for c in columns[table] if c.is_primary_key)
@@ -247,7 +252,7 @@ def snapshot_in_tasks(
         with window.out_of_reach_named():
             progress = split_tables(
                 progress,
-                functools.partial(_count, opened, read_at, postgresql),
+                count,
                 sample,
                 part_settings,
                 lambda split: sink.commit_snapshot([], split),
@@ -259,7 +264,3 @@ def snapshot_in_tasks(
     finally:
         if stop.is_set():
             session.sparkContext.cancelAllJobs()
-
-
-def _count(opened: OpenedStream, read_at: Nanos, postgresql: bool, table: str) -> int:
-    return count_rows(opened.database, table, read_at, postgresql)
