@@ -43,7 +43,8 @@ from runtime.logs import null_logger
 
 TABLE_CONFIGURATION = {"delta.appendOnly": "true"}
 WriteCommit = Callable[[DeltaTable | None, CommitProperties], None]
-"""A commit other than an append of rows: (the table, the job's commit properties)."""
+"""One commit's write: (the table, None before its first commit; the job's commit properties:
+its app transaction and checkpoint)."""
 
 
 class WriterFenced(ReportedError, RuntimeError):
@@ -194,7 +195,9 @@ class DeltaChangeLogSink:
         rows = changelog.to_arrow(
             transactions, watched, resume_point.low_watermark, snapshot, snapshot_at
         )
-        return self._land(rows, rows.num_rows, len(transactions), resume_point, lease_released)
+        return self._land(
+            self._append(rows), rows.num_rows, len(transactions), resume_point, lease_released
+        )
 
     def commit_rows(
         self,
@@ -209,7 +212,7 @@ class DeltaChangeLogSink:
         schema_rows = changelog.to_arrow([], watched, resume_point.low_watermark)
         rows = pa.concat_tables([rows.select(schema_rows.schema.names), schema_rows])
         return self._land(
-            rows,
+            self._append(rows),
             rows.num_rows,
             transactions,
             resume_point,
@@ -238,9 +241,25 @@ class DeltaChangeLogSink:
 
         return self._land(write, rows, 0, start_point(self._job_start or 0), False)
 
+    def _append(self, rows: pa.Table) -> WriteCommit:
+        """The commit of ``rows`` appended (the table created by the first)."""
+
+        def write(table: DeltaTable | None, properties: CommitProperties) -> None:
+            write_deltalake(
+                table if table is not None else self._uri,
+                rows,
+                mode="append",
+                partition_by=PARTITION_COLUMNS,
+                configuration=TABLE_CONFIGURATION if table is None else None,
+                storage_options=self._storage_options if table is None else None,
+                commit_properties=properties,
+            )
+
+        return write
+
     def _land(
         self,
-        rows: pa.Table | WriteCommit,
+        write: WriteCommit,
         row_count: int,
         transactions: int,
         resume_point: ResumePoint,
@@ -272,7 +291,7 @@ class DeltaChangeLogSink:
         )
         for attempt in retrying:
             with attempt:
-                replayed = self._write_once(version, rows, checkpoint)
+                replayed = self._write_once(version, write, checkpoint)
         self._next_version = version + 1
         self._resume_point = resume_point
         self._landed = checkpoint
@@ -290,9 +309,7 @@ class DeltaChangeLogSink:
             return None
         return self.commit([], self._resume_point, lease_released=True)
 
-    def _write_once(
-        self, version: int, rows: pa.Table | WriteCommit, checkpoint: Checkpoint
-    ) -> bool:
+    def _write_once(self, version: int, write: WriteCommit, checkpoint: Checkpoint) -> bool:
         """Write version n once; True when it had landed already (a retried commit)."""
         table = self.table()
         landed = table.transaction_version(self._job_id) if table is not None else None
@@ -309,21 +326,12 @@ class DeltaChangeLogSink:
                 f"job {self._job_id} is at version {landed} in {self._uri}, expected "
                 f"{version - 1}: another process writes this job"
             )
-        properties = CommitProperties(
-            app_transactions=[Transaction(self._job_id, version)],
-            custom_metadata={CHECKPOINT_KEY: to_json(checkpoint)},
-        )
-        if not isinstance(rows, pa.Table):
-            rows(table, properties)
-            return False
-        write_deltalake(
-            table if table is not None else self._uri,
-            rows,
-            mode="append",
-            partition_by=PARTITION_COLUMNS,
-            configuration=TABLE_CONFIGURATION if table is None else None,
-            storage_options=self._storage_options if table is None else None,
-            commit_properties=properties,
+        write(
+            table,
+            CommitProperties(
+                app_transactions=[Transaction(self._job_id, version)],
+                custom_metadata={CHECKPOINT_KEY: to_json(checkpoint)},
+            ),
         )
         return False
 
