@@ -206,19 +206,20 @@ def _snapshot_json(progress: SnapshotProgress) -> dict[str, Any]:
 
 def _part_json(part: PartProgress) -> dict[str, Any]:
     return {
-        "start_after": _key_json(part.start_after),
-        "end": _key_json(part.end),
+        "start_after": key_to_json(part.start_after),
+        "end": key_to_json(part.end),
         "rows": part.rows,
-        "after_key": _key_json(part.after_key),
+        "after_key": key_to_json(part.after_key),
         "done": part.done,
     }
 
 
-def _key_json(key: Key | None) -> list[Any] | None:
+def key_to_json(key: Key | None) -> list[Any] | None:
+    """A wire-encoded key as JSON holds it (a list); None stays None."""
     return list(key) if key is not None else None
 
 
-def _key(data: list[Any] | None) -> Key | None:
+def key_from_json(data: list[Any] | None) -> Key | None:
     return tuple(data) if data is not None else None
 
 
@@ -233,10 +234,10 @@ def _snapshot_from_json(data: dict[str, Any]) -> SnapshotProgress:
                 t["done"],
                 tuple(
                     PartProgress(
-                        _key(p["start_after"]),
-                        _key(p["end"]),
+                        key_from_json(p["start_after"]),
+                        key_from_json(p["end"]),
                         p["rows"],
-                        _key(p["after_key"]),
+                        key_from_json(p["after_key"]),
                         p["done"],
                     )
                     for p in t.get("parts", ())

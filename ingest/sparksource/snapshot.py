@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -24,7 +24,12 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from ingest.changestream import query
 from ingest.changestream.opening import OpenedStream
 from ingest.changestream.watched_columns import read_watched_columns
-from ingest.contract.changelog import column_types_json, parse_column_types
+from ingest.contract.changelog import (
+    column_types_json,
+    key_from_json,
+    key_to_json,
+    parse_column_types,
+)
 from ingest.delta.absent_keys import absent_keys, holds_rows_before
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.delta.snapshot_files import SnapshotFile, SnapshotFileWriter, read_keys
@@ -115,16 +120,12 @@ def run_part_task(task: PartTask) -> Iterator[tuple[Any, ...]]:
         )
 
     writer = SnapshotFileWriter(task.table_uri, read_timestamp, FILE_BYTES)
-    part = PartProgress(_key(task.after), _key(task.end))
+    part = PartProgress(key_from_json(task.after), key_from_json(task.end))
     done = read_range(read, part, lambda chunk: writer.write([chunk]), task.budget_bytes)
     for written in writer.close():
         yield (written.to_json(), None, None, None)
     last_key = json.dumps(list(done.last_key)) if done.last_key is not None else None
     yield (None, done.rows, last_key, done.done)
-
-
-def _key(data: list[Any] | None) -> Key | None:
-    return tuple(data) if data is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +168,8 @@ class SparkSnapshot:
             part.table,
             column_types_json(self._columns[part.table]),
             to_rfc3339(self._read_timestamp),
-            _key_list(part.part.resume_after),
-            _key_list(part.part.end),
+            key_to_json(part.part.resume_after),
+            key_to_json(part.part.end),
             self._settings.task_bytes,
             self._config.snapshot_chunk_rows,
             self._config.snapshot_chunk_mb * 1024 * 1024,
@@ -176,17 +177,22 @@ class SparkSnapshot:
         rows = self._session.read.format(NAME).option("part", task.to_json()).load().collect()
         files = tuple(SnapshotFile.from_json(r.file) for r in rows if r.file is not None)
         (summary,) = [r for r in rows if r.file is None]
-        last_key = _key(json.loads(summary.last_key)) if summary.last_key is not None else None
+        last_key = (
+            key_from_json(json.loads(summary.last_key)) if summary.last_key is not None else None
+        )
         return PartRead(part.table, part.index, summary.rows, last_key, summary.done, files)
 
     def commit_parts(self, reads: Sequence[PartRead], progress: SnapshotProgress) -> object:
         """The reads' files, and with a table's last range the deletes of keys an earlier job
         left alive that the snapshot did not find, in one commit."""
-        files = [f for r in reads for f in r.files if isinstance(f, SnapshotFile)]
+        written = {
+            table: _files(r for r in reads if r.table == table)
+            for table in {r.table for r in reads}
+        }
+        files = [f for table_files in written.values() for f in table_files]
         rows = sum(r.rows for r in reads)
-        for table in sorted({r.table for r in reads if progress.table(r.table).done}):
-            table_files = [f for r in reads if r.table == table for f in r.files]
-            deletes = self._deletes(table, [f for f in table_files if isinstance(f, SnapshotFile)])
+        for table in sorted(t for t in written if progress.table(t).done):
+            deletes = self._deletes(table, written[table])
             files += deletes
             rows += sum(f.rows for f in deletes)
         landed = self._sink.commit_snapshot_files([f.add_action() for f in files], rows, progress)
@@ -208,8 +214,12 @@ class SparkSnapshot:
         return writer.close()
 
 
-def _key_list(key: Key | None) -> list[Any] | None:
-    return list(key) if key is not None else None
+def _files(reads: Iterable[PartRead]) -> list[SnapshotFile]:
+    files = [f for r in reads for f in r.files]
+    wrong = [f for f in files if not isinstance(f, SnapshotFile)]
+    if wrong:
+        raise TypeError(f"a range read handed over {type(wrong[0]).__name__}, not a SnapshotFile")
+    return [f for f in files if isinstance(f, SnapshotFile)]
 
 
 def snapshot_in_tasks(
