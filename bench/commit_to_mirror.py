@@ -50,7 +50,7 @@ from decode_speed import in_place_of, production_record
 from wide_reader import serve
 
 from emulator.local_run import pipeline_process
-from emulator.processes import Process, process_tree
+from emulator.processes import Process, cpu_seconds, process_tree
 from emulator.run_report import (
     landing_marks,
     mirror_latencies,
@@ -117,10 +117,9 @@ def tree_cpu_seconds(pid: int) -> float:
     total = 0.0
     for current in process_tree(pid):
         try:
-            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += cpu_seconds(current)
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
 
 

@@ -48,7 +48,7 @@ from google.cloud import spanner
 from snapshot_throughput import bare_loop, snapshot_phase_seconds
 
 from emulator.bootstrap import bootstrap
-from emulator.processes import process_tree
+from emulator.processes import cpu_seconds, process_tree
 from emulator.server import emulator
 from emulator.workload import load_existing_rows
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339, to_datetime, to_rfc3339
@@ -85,16 +85,11 @@ class Sampled:
     cpu: dict[int, float] = field(default_factory=dict)
 
 
-def process_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def sample(driver: int, stop: threading.Event, found: Sampled) -> None:
     while not stop.wait(0.2):
         for pid in process_tree(driver):
             try:
-                found.cpu[pid] = process_cpu(pid)
+                found.cpu[pid] = cpu_seconds(pid)
                 if pid == driver or b"pyspark" not in Path(f"/proc/{pid}/cmdline").read_bytes():
                     continue
                 status = Path(f"/proc/{pid}/status").read_text()
@@ -148,7 +143,7 @@ def spark_snapshot(
         "INGEST_SPARK_SNAPSHOT_PARTS": str(parts),
         "INGEST_SPARK_SNAPSHOT_TASK_MB": str(task_mb),
     }
-    emulator_before = process_cpu(emulator_pid)
+    emulator_before = cpu_seconds(emulator_pid)
     with log.open("ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "ingest", "spark-run"], env=env, stdout=out, stderr=out
@@ -173,7 +168,7 @@ def spark_snapshot(
         sum(rows for _, rows in steady),
         found.python_worker_peak_kib,
         sum(found.cpu.values()),
-        process_cpu(emulator_pid) - emulator_before,
+        cpu_seconds(emulator_pid) - emulator_before,
     )
 
 

@@ -41,7 +41,7 @@ os.environ.pop("SPANNER_EMULATOR_HOST", None)
 
 from wide_reader import percentile, serve
 
-from emulator.processes import process_tree
+from emulator.processes import cpu_seconds, process_tree
 from ingest.changestream.config import ReaderConfig
 from ingest.changestream.reader import ChangeStreamReader
 from ingest.delta.batcher import Batcher
@@ -54,7 +54,6 @@ from tests.simulation import build_wide_topology
 from tests.spark_source_driver import command as driver_command
 
 ROOT = Path(__file__).resolve().parent.parent
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +115,10 @@ def worker_cpu_s(driver: int) -> float:
     for pid in process_tree(driver):
         try:
             arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            if b"pyspark.daemon" in arguments and b"pyspark.worker" in arguments:
+                total += cpu_seconds(pid, reaped_children=True)
         except OSError:
             continue
-        if b"pyspark.daemon" in arguments and b"pyspark.worker" in arguments:
-            total += sum(int(v) for v in fields[11:15]) / CLOCK_TICKS
     return total
 
 

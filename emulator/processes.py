@@ -83,3 +83,11 @@ def process_tree(pid: int) -> Iterator[int]:
             except OSError:
                 continue
             pending.extend(int(child) for child in children)
+
+
+def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
+    """A process's CPU seconds (user and system), with those of the children it has reaped
+    when asked, from ``/proc/<pid>/stat``; OSError once the process is gone."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    used = fields[11:15] if reaped_children else fields[11:13]
+    return sum(int(value) for value in used) / os.sysconf("SC_CLK_TCK")
