@@ -20,7 +20,7 @@ COPY emulator emulator
 RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --upgrade pip \
  && /opt/venv/bin/pip install --no-cache-dir .
-RUN /opt/venv/bin/python -m pipeline.session fetch /opt/jars --gcs \
+RUN /opt/venv/bin/python -m pipeline.session fetch /opt/jars --gcs --s3 \
  && rm -rf /opt/jars/ivy
 
 # Runtime stage: slim Python, a headless JRE for Spark, the venv and the jars; no compilers,

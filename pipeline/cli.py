@@ -99,6 +99,7 @@ def session_factory(config: config_module.PipelineConfig) -> Callable[[], Any]:
         master=config.master or None,
         shuffle_partitions=config.shuffle_partitions,
         extra=spark_settings(config),
+        storage_uris=(config.changelog_uri, config.mirror_root, config.checkpoint_uri),
     )
 
 

@@ -43,6 +43,7 @@ from tenacity import (
 from pipeline.processor import LAST_APPLIED_COLUMN, OPERATION
 from pipeline.shapes import TableShape
 from pipeline.state.variables import LAST_APPLIED, row_variable
+from runtime.storage import delta_storage_options
 
 Logger = structlog.typing.FilteringBoundLogger
 RETRYABLE_CONFLICTS = (
@@ -319,7 +320,7 @@ def merge_on_driver(
     """
     from deltalake import CommitProperties, DeltaTable, Transaction
 
-    mirror = DeltaTable(uri)
+    mirror = DeltaTable(uri, storage_options=delta_storage_options(uri))
     done = mirror.transaction_version(app_id)
     if done is not None and done >= batch_id:
         return False

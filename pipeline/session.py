@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from runtime.storage import S3_SCHEMES, scheme_of, spark_config
 
 DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
 GCS_CONNECTOR_URL = (
@@ -20,6 +22,18 @@ GCS_CONNECTOR_URL = (
     "hadoop3-2.2.26/gcs-connector-hadoop3-2.2.26-shaded.jar"
 )
 """For gs:// tables and checkpoints; images fetch it at build time (``fetch DIR --gcs``)."""
+S3_JAR_URLS = tuple(
+    f"https://repo1.maven.org/maven2/{path}"
+    for path in (
+        "org/apache/hadoop/hadoop-aws/3.5.0/hadoop-aws-3.5.0.jar",
+        "software/amazon/awssdk/bundle/2.35.4/bundle-2.35.4.jar",
+        "software/amazon/s3/analyticsaccelerator/analyticsaccelerator-s3/1.3.1/"
+        "analyticsaccelerator-s3-1.3.1.jar",
+    )
+)
+"""S3A for s3:// and s3a:// (``fetch DIR --s3``): hadoop-aws of the Hadoop that PySpark ships
+(3.5.0) and the AWS SDK it was built with. Kept in ``<jars>/s3/`` and added to a session only
+when one of its URIs is on S3: the SDK bundle is 690 MB, which every executor would copy."""
 JARS_VARIABLE = "SPARK_DELTA_JARS"
 DEFAULT_JARS_DIR = Path(__file__).resolve().parent.parent / ".jars"
 
@@ -39,9 +53,7 @@ def base_config(shuffle_partitions: int = 4) -> dict[str, str]:
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.ui.showConsoleProgress": "false",
         "spark.ui.enabled": "false",
-        "spark.hadoop.fs.AbstractFileSystem.gs.impl": (
-            "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFS"
-        ),
+        **spark_config(),
     }
 
 
@@ -50,12 +62,19 @@ def build_session(
     master: str | None = "local[2]",
     shuffle_partitions: int = 4,
     extra: Mapping[str, str] | None = None,
+    storage_uris: Sequence[str] = (),
 ):  # -> pyspark.sql.SparkSession (imported lazily: pyspark is heavy)
+    """A session with the Delta jars, and S3A's when any of ``storage_uris`` is on S3."""
     from pyspark.sql import SparkSession
 
     jars = sorted(jars_dir().glob("*.jar"))
     if not jars:
         raise RuntimeError(f"no Delta jars in {jars_dir()}: run `make jars` first")
+    if any(scheme_of(uri) in S3_SCHEMES for uri in storage_uris):
+        s3_jars = sorted((jars_dir() / "s3").glob("*.jar"))
+        if not s3_jars:
+            raise RuntimeError(f"no S3A jars in {jars_dir() / 's3'}: run `make jars` first")
+        jars += s3_jars
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if master:
@@ -95,8 +114,8 @@ def fetch_jars(destination: Path) -> list[Path]:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["fetch"]:
-        sys.exit("usage: python -m pipeline.session fetch [DIR] [--gcs]")
-    arguments = [a for a in sys.argv[2:] if a != "--gcs"]
+        sys.exit("usage: python -m pipeline.session fetch [DIR] [--gcs] [--s3]")
+    arguments = [a for a in sys.argv[2:] if a not in ("--gcs", "--s3")]
     target = (Path(arguments[0]) if arguments else jars_dir()).resolve()
     target.mkdir(parents=True, exist_ok=True)
     fetched = fetch_jars(target)
@@ -106,4 +125,12 @@ if __name__ == "__main__":
         connector = target / GCS_CONNECTOR_URL.rsplit("/", 1)[1]
         urlretrieve(GCS_CONNECTOR_URL, connector)
         fetched.append(connector)
+    if "--s3" in sys.argv:
+        from urllib.request import urlretrieve
+
+        (target / "s3").mkdir(exist_ok=True)
+        for url in S3_JAR_URLS:
+            jar = target / "s3" / url.rsplit("/", 1)[1]
+            urlretrieve(url, jar)
+            fetched.append(jar)
     print(f"{len(fetched)} jars in {target}")

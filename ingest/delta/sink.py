@@ -40,6 +40,7 @@ from ingest.model.snapshot import SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import Nanos
 from runtime.errors import ReportedError
 from runtime.logs import null_logger
+from runtime.storage import delta_storage_options
 
 TABLE_CONFIGURATION = {"delta.appendOnly": "true"}
 WriteCommit = Callable[[DeltaTable | None, CommitProperties], None]
@@ -83,7 +84,9 @@ class DeltaChangeLogSink:
         self._uri = table_uri
         self._job_id = job_id
         self._owner = owner
-        self._storage_options = storage_options
+        self._storage_options = (
+            storage_options if storage_options is not None else delta_storage_options(table_uri)
+        )
         self._maintenance = maintenance or Maintenance()
         self._log = log or null_logger()
         self._wall_clock = wall_clock

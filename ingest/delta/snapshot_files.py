@@ -23,6 +23,7 @@ from ingest.contract.changelog import PARTITION_COLUMNS
 from ingest.delta.changelog import to_arrow
 from ingest.model.snapshot import SnapshotChunk
 from ingest.model.timestamps import Nanos
+from runtime.storage import arrow_filesystem
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +60,7 @@ class SnapshotFile:
 
 
 def _filesystem(table_uri: str) -> tuple[pafs.FileSystem, str]:
-    if "://" in table_uri:
-        return pafs.FileSystem.from_uri(table_uri)
-    return pafs.LocalFileSystem(), str(pafs.LocalFileSystem().normalize_path(table_uri))
+    return arrow_filesystem(table_uri)
 
 
 class SnapshotFileWriter:

@@ -35,6 +35,7 @@ from ingest.sparksource.snapshot import SparkSnapshotSettings, snapshot_in_tasks
 from ingest.sparksource.source import NAME, WAVE, ChangeStreamDataSource, SourceOptions, wave_json
 from runtime.errors import BadInput, ReportedError
 from runtime.options import in_range, integer, load_options, non_empty, seconds
+from runtime.storage import STORE_ENVIRONMENT
 
 Logger = structlog.typing.FilteringBoundLogger
 
@@ -298,8 +299,9 @@ def spark_session(spark: SparkSourceConfig) -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.streaming.stopTimeout", "30s")
     )
-    for name in ("SPANNER_EMULATOR_HOST", "GOOGLE_CLOUD_SPANNER_MULTIPLEXED_SESSIONS"):
-        if name in os.environ:
+    forwarded = ("SPANNER_EMULATOR_HOST", "GOOGLE_CLOUD_SPANNER_MULTIPLEXED_SESSIONS")
+    for name in sorted(os.environ):
+        if name in forwarded or name in STORE_ENVIRONMENT or name.startswith("AWS_"):
             builder = builder.config(f"spark.executorEnv.{name}", os.environ[name])
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")

@@ -12,6 +12,7 @@ from pyspark.sql import types as T
 
 from pipeline.state.avro import avro_schema
 from pipeline.state.variables import STATE_LAYOUT
+from runtime.storage import arrow_filesystem
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,12 +27,7 @@ class Deployment:
 
 
 def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
-    if "://" not in uri:
-        from pathlib import Path
-
-        return pafs.LocalFileSystem(), str(Path(uri).resolve())
-    filesystem, path = pafs.FileSystem.from_uri(uri)
-    return filesystem, path
+    return arrow_filesystem(uri)
 
 
 def replace_file(filesystem: pafs.FileSystem, path: str, content: bytes) -> None:

@@ -1,0 +1,99 @@
+"""Where tables and checkpoints live: a local path or an object store URI (``s3://``, ``s3a://``,
+``gs://``, ``abfss://``).
+
+Only the URI and the store's usual credentials environment configure a store, read alike by
+delta-rs, pyarrow, obstore and Spark: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_REGION`` and, for an S3-compatible store, ``AWS_ENDPOINT_URL``; for GCS,
+``GOOGLE_APPLICATION_CREDENTIALS``. ``s3://`` and ``s3a://`` name the same object everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from pyarrow import fs as pafs
+
+S3_SCHEMES = ("s3", "s3a")
+STORE_ENVIRONMENT = ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_SERVICE_ACCOUNT")
+"""Besides every ``AWS_*`` variable: what an executor writing to a store needs from the driver's
+environment."""
+
+
+def scheme_of(uri: str) -> str:
+    """The URI's scheme, or ``""`` for a local path."""
+    return urlsplit(uri).scheme.lower() if "://" in uri else ""
+
+
+def is_local(uri: str) -> bool:
+    return scheme_of(uri) in ("", "file")
+
+
+def s3_endpoint(environ: Mapping[str, str]) -> str | None:
+    return environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL") or None
+
+
+def delta_storage_options(
+    uri: str, environ: Mapping[str, str] = os.environ
+) -> dict[str, str] | None:
+    """What delta-rs needs beyond the environment to commit on ``uri`` safely.
+
+    A Delta commit is a put-if-absent of the next log file. delta-rs refuses to write to S3
+    without a way to make it one; S3 and S3-compatible stores (MinIO, R2) refuse a put over an
+    existing object when asked (``If-None-Match``), so that is asked for unless the deployment
+    configured another way (a DynamoDB locking provider, or its own ``AWS_CONDITIONAL_PUT``).
+    """
+    if scheme_of(uri) not in S3_SCHEMES:
+        return None
+    if environ.get("AWS_S3_LOCKING_PROVIDER") or environ.get("AWS_CONDITIONAL_PUT"):
+        return None
+    return {"conditional_put": "etag"}
+
+
+def arrow_filesystem(
+    uri: str, environ: Mapping[str, str] = os.environ
+) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow file system and the path in it, for the files kept beside the Delta tables."""
+    scheme = scheme_of(uri)
+    if scheme in ("", "file"):
+        from pathlib import Path
+
+        return pafs.LocalFileSystem(), str(Path(uri.removeprefix("file://")).resolve())
+    if scheme in S3_SCHEMES:
+        parts = urlsplit(uri)
+        endpoint = s3_endpoint(environ)
+        options: dict[str, object] = {}
+        if endpoint:
+            address = urlsplit(endpoint)
+            options["endpoint_override"] = address.netloc
+            options["scheme"] = address.scheme or "https"
+        region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
+        if region:
+            options["region"] = region
+        path = f"{parts.netloc}{parts.path}".rstrip("/")
+        return pafs.S3FileSystem(**options), path
+    return pafs.FileSystem.from_uri(uri)
+
+
+def spark_config(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Spark settings that let Spark read and write the same URIs: ``s3://`` through S3A, and
+    an S3-compatible endpoint taken from the environment (S3A reads the credentials itself)."""
+    config = {
+        "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+        "spark.hadoop.fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
+        "spark.hadoop.fs.AbstractFileSystem.gs.impl": (
+            "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFS"
+        ),
+    }
+    endpoint = s3_endpoint(environ)
+    if endpoint:
+        config["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        config["spark.hadoop.fs.s3a.path.style.access"] = "true"
+        config["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(
+            urlsplit(endpoint).scheme == "https"
+        ).lower()
+    region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
+    if region:
+        config["spark.hadoop.fs.s3a.endpoint.region"] = region
+    return config
