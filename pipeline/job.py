@@ -35,7 +35,12 @@ from pipeline.processor import (
 from pipeline.rebase import rebase_from_the_changelog, retire_replaced
 from pipeline.shapes import TableShape
 from pipeline.state import cut, generations
-from pipeline.state.checkpoint import CheckpointLock, checkpoint_id, roll_back_uncommitted_batch
+from pipeline.state.checkpoint import (
+    CheckpointLock,
+    CheckpointLockLost,
+    checkpoint_id,
+    roll_back_uncommitted_batch,
+)
 from pipeline.state.compatibility import (
     Evolution,
     Limits,
@@ -182,6 +187,7 @@ def start_query(
     log: Logger,
     metrics: PipelineMetrics,
     generation: Generation | None = None,
+    lease: Callable[[], None] = lambda: None,
 ) -> Any:
     """The query of one state generation (``config.checkpoint_uri`` is its folder): a rebased
     one reads from its starting version and loads its seed until its first batch commits."""
@@ -202,7 +208,7 @@ def start_query(
     )
     writer = (
         applied.writeStream.foreachBatch(
-            BatchLanding(config, plan, stats, log, metrics, generation)
+            BatchLanding(config, plan, stats, log, metrics, generation, lease)
         )
         .option("checkpointLocation", config.checkpoint_uri)
         .queryName(config.job_id)
@@ -216,7 +222,10 @@ def start_query(
 
 class BatchLanding:
     """Each micro-batch's end: MERGE it into the mirrors, record the mirrors' cut, retire the
-    generation a rebase replaced once this one has committed a batch, and report."""
+    generation a rebase replaced once this one has committed a batch, and report.
+
+    ``lease`` raises when this job no longer holds the checkpoint; it is asked before the
+    mirrors are written and again before the cut is recorded."""
 
     def __init__(
         self,
@@ -226,8 +235,10 @@ class BatchLanding:
         log: Logger,
         metrics: PipelineMetrics,
         generation: Generation,
+        lease: Callable[[], None] = lambda: None,
     ) -> None:
         self._config = config
+        self._lease = lease
         self._plan = plan
         self._stats = stats
         self._log = log
@@ -241,6 +252,7 @@ class BatchLanding:
         started = time.monotonic()
         if self._app_id is None:
             self._app_id = f"{config.job_id}:{checkpoint_id(config.checkpoint_uri)}"
+        self._lease()
         with self._metrics.batch_running():
             result = write_batch(
                 batch,
@@ -253,6 +265,7 @@ class BatchLanding:
                 config.local_merge_max_mb * 1024 * 1024,
             )
         offset = cut.batch_end_offset(config.checkpoint_uri, batch_id)
+        self._lease()
         if offset is not None:
             position = cut.Cut(cut.next_version(offset), self._generation.number, batch_id)
             cut.record(config.mirror_root, position)
@@ -333,7 +346,9 @@ def run_pipeline(
     metrics = metrics or PipelineMetrics()
     stats = JobStats()
     restarts = _Restarts()
-    lock = CheckpointLock(config.checkpoint_uri, config.lock_stale_s, f"pipeline {config.job_id}")
+    lock = CheckpointLock(
+        config.checkpoint_uri, config.lock_stale_s, f"pipeline {config.job_id}", log
+    )
     with lock, contextlib.ExitStack() as cleanup:
         spark = None
         while not stop.is_set():
@@ -363,9 +378,13 @@ def run_pipeline(
                 running = replace(running, trigger="available-now")
                 log.info("pipeline_draining")
             finishing = config.trigger == "available-now"
-            interrupts = (stop,) if finishing else (stop, drain)
-            query = start_query(spark, running, plan, stats, log, metrics, generation)
+            interrupts = (stop, lock.lost_event) if finishing else (stop, drain, lock.lost_event)
+            query = start_query(
+                spark, running, plan, stats, log, metrics, generation, lock.check_held
+            )
             error = _watch(query, plan, generation, interrupts, metrics, log)
+            if lock.lost:
+                raise CheckpointLockLost(f"pipeline {config.job_id} lost its checkpoint's lease")
             if error is None:
                 if not finishing and drain.is_set() and not stop.is_set():
                     continue

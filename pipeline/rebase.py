@@ -102,7 +102,8 @@ def rebase_on_demand(
     rebase as the job's own (``rebase_from_the_changelog``)."""
     from pipeline.state.checkpoint import CheckpointLock
 
-    lock = CheckpointLock(config.checkpoint_uri, config.lock_stale_s, f"rebase {config.job_id}")
+    description = f"rebase {config.job_id}"
+    lock = CheckpointLock(config.checkpoint_uri, config.lock_stale_s, description, log)
     with lock:
         return rebase_from_the_changelog(session_factory(), config, log, reason)
 

@@ -640,7 +640,7 @@ def test_max_restarts_counts_restarts_without_a_batch_between_them(
     stop = threading.Event()
     starts = iter(batches_between)
 
-    def start_query(spark, config, plan, stats, log, metrics, generation):
+    def start_query(spark, config, plan, stats, log, metrics, generation, lease):
         batches = next(starts, None)
         if batches is None:
             stop.set()

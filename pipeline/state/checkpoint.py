@@ -2,10 +2,10 @@
 state schema files before a restart.
 
 Only one job version may run against a checkpoint (docs/design.md: two schema versions writing
-the same state revert each other's new fields). A lock file with a heartbeat says who runs; a
-second job fails fast. On a local path the file is created atomically (O_EXCL); on an object
-store the check is read-then-write, so deployments must also keep one replica (deploy/ uses a
-single replica).
+the same state revert each other's new fields). A lease object with a heartbeat says who runs,
+written only with the store's conditional writes (``runtime.conditional``): a second job fails
+fast, two starting at once cannot both take it, and a job that lost it (paused past
+``lock_stale_s``, its lease taken over) finds out before it writes a batch.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ import socket
 import threading
 import time
 import uuid
-from pathlib import Path
 
+import structlog
 from pyarrow import fs as pafs
 
 from pipeline.state.registry import filesystem_for
-from runtime.errors import BadInput
+from runtime.conditional import ConditionalObject, VersionChanged, Versioned
+from runtime.errors import BadInput, ReportedError
+from runtime.logs import null_logger
 
 LOCK_FILE = "_job_lock.json"
 
@@ -31,11 +33,29 @@ class CheckpointInUse(BadInput, RuntimeError):
     pass
 
 
+class CheckpointLockLost(ReportedError, RuntimeError):
+    """This job no longer holds the checkpoint: it must write nothing more."""
+
+
 class CheckpointLock:
-    def __init__(self, checkpoint_uri: str, stale_s: float, description: str) -> None:
-        self._filesystem, root = filesystem_for(checkpoint_uri)
-        self._root = root.rstrip("/")
-        self._path = f"{self._root}/{LOCK_FILE}"
+    """A lease on the checkpoint, renewed every quarter of ``stale_s``.
+
+    The holder trusts its lease for three quarters of ``stale_s`` after the start of its last
+    successful renewal (a monotonic clock, so a pause counts); a newcomer takes it over only
+    after ``stale_s`` without a heartbeat. Between the two lies a quarter of ``stale_s`` for
+    clocks and the store to disagree.
+    """
+
+    def __init__(
+        self,
+        checkpoint_uri: str,
+        stale_s: float,
+        description: str,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+    ) -> None:
+        self._log = log or null_logger()
+        self._root = checkpoint_uri.rstrip("/")
+        self._object = ConditionalObject(self._root, LOCK_FILE)
         self._stale = stale_s
         self._owner = {
             "owner": uuid.uuid4().hex,
@@ -43,24 +63,24 @@ class CheckpointLock:
             "pid": os.getpid(),
             "job": description,
         }
+        self._version: str | None = None
+        self._renewed = 0.0
+        self._lost = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _document(self) -> bytes:
         return json.dumps({**self._owner, "heartbeat": time.time()}).encode()
 
-    def _holder(self) -> dict | None:
+    @staticmethod
+    def _holder(found: Versioned) -> dict:
         try:
-            with self._filesystem.open_input_stream(self._path) as stream:
-                text = stream.read()
-        except (FileNotFoundError, OSError):
-            return None
-        try:
-            return json.loads(text)
+            holder = json.loads(found.data)
+            if isinstance(holder, dict):
+                return holder
         except ValueError:
-            info = self._filesystem.get_file_info(self._path)
-            changed = info.mtime.timestamp() if info.mtime else 0.0
-            return {"job": "an unreadable lock file", "heartbeat": changed}
+            pass
+        return {"job": "an unreadable lock file", "heartbeat": found.modified}
 
     def _is_live(self, holder: dict) -> bool:
         if time.time() - float(holder.get("heartbeat", 0)) > self._stale:
@@ -75,55 +95,93 @@ class CheckpointLock:
         return True
 
     def acquire(self) -> None:
-        self._filesystem.create_dir(self._root, recursive=True)
-        holder = self._holder()
-        if holder is not None and self._is_live(holder):
-            age = time.time() - float(holder.get("heartbeat", 0))
-            raise CheckpointInUse(
-                f"checkpoint {self._root} is in use by {holder.get('job')} "
-                f"(pid {holder.get('pid')} on {holder.get('host')}, heartbeat {age:.0f} s ago); "
-                "only one job version may run against a checkpoint at a time"
-            )
-        if isinstance(self._filesystem, pafs.LocalFileSystem):
-            if holder is not None:
-                Path(self._path).unlink(missing_ok=True)
-            try:
-                descriptor = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
+        found = self._object.read()
+        started = time.monotonic()
+        try:
+            if found is None:
+                self._version = self._object.create(self._document())
+            else:
+                holder = self._holder(found)
+                if self._is_live(holder):
+                    age = time.time() - float(holder.get("heartbeat", 0))
+                    raise CheckpointInUse(
+                        f"checkpoint {self._root} is in use by {holder.get('job')} "
+                        f"(pid {holder.get('pid')} on {holder.get('host')}, heartbeat {age:.0f} s "
+                        "ago); only one job version may run against a checkpoint at a time"
+                    )
+                self._version = self._object.replace(self._document(), found.version)
+        except VersionChanged:
+            self._version = self._written_by_us()
+            if self._version is None:
                 raise CheckpointInUse(
                     f"checkpoint {self._root} was taken by another job just now"
                 ) from None
-            with os.fdopen(descriptor, "wb") as file:
-                file.write(self._document())
-        else:
-            self._write()
+        self._renewed = started
         self._thread = threading.Thread(target=self._heartbeat, name="checkpoint-lock", daemon=True)
         self._thread.start()
 
-    def _write(self) -> None:
-        """Whole or not at all: a heartbeat cut short by kill -9 must not leave an empty lock file,
-        which the next start could neither read nor remove. Object stores write whole objects;
-        a local file is written aside and renamed."""
-        if not isinstance(self._filesystem, pafs.LocalFileSystem):
-            with self._filesystem.open_output_stream(self._path) as stream:
-                stream.write(self._document())
-            return
-        aside = f"{self._path}.{self._owner['owner']}"
-        with self._filesystem.open_output_stream(aside) as stream:
-            stream.write(self._document())
-        self._filesystem.move(aside, self._path)
-
     def _heartbeat(self) -> None:
-        while not self._stop.wait(self._stale / 4):
-            self._write()
+        while not self._stop.wait(self._stale / 4) and self.renew():
+            pass
+
+    def renew(self) -> bool:
+        """Write a new heartbeat over this job's own; False once another job has taken the lease.
+        A store that cannot be reached leaves the lease to run out (``check_held``)."""
+        started = time.monotonic()
+        assert self._version is not None
+        try:
+            self._version = self._object.replace(self._document(), self._version)
+        except VersionChanged:
+            self._version = self._written_by_us()
+            if self._version is not None:
+                return True
+            self._lost.set()
+            self._log.error("checkpoint_lock_lost", checkpoint=self._root, cause="taken over")
+            return False
+        except Exception as failed:
+            self._log.warning("checkpoint_lock_renewal_failed", cause=type(failed).__name__)
+            return True
+        self._renewed = started
+        return True
+
+    def _written_by_us(self) -> str | None:
+        """The lease's version if the object holds this job's own document: a write whose answer
+        was lost (a timeout, a cut connection) may have landed, and a retry then finds it."""
+        found = self._object.read()
+        if found is not None and self._holder(found).get("owner") == self._owner["owner"]:
+            return found.version
+        return None
+
+    def check_held(self) -> None:
+        """Raise CheckpointLockLost unless the lease is surely still this job's."""
+        age = time.monotonic() - self._renewed
+        if self._lost.is_set() or self._version is None or age > self._stale * 3 / 4:
+            if not self._lost.is_set():
+                self._log.error("checkpoint_lock_lost", checkpoint=self._root, cause="expired")
+            self._lost.set()
+            raise CheckpointLockLost(
+                f"this job no longer holds checkpoint {self._root} "
+                f"(last renewed {age:.0f} s ago, stale after {self._stale:.0f} s)"
+            )
+
+    @property
+    def lost(self) -> bool:
+        return self._lost.is_set()
+
+    @property
+    def lost_event(self) -> threading.Event:
+        """Set once the lease is known lost: whatever waits on the job should stop it."""
+        return self._lost
 
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        holder = self._holder()
-        if holder is not None and holder.get("owner") == self._owner["owner"]:
-            self._filesystem.delete_file(self._path)
+        if self._lost.is_set() or self._version is None:
+            return
+        found = self._object.read()
+        if found is not None and found.version == self._version:
+            self._object.delete()
 
     def __enter__(self) -> CheckpointLock:
         self.acquire()
