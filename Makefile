@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run-spark venv jars test lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency bench-mirror-size bench-width clean
+.PHONY: run-spark venv jars object-stores test lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency bench-mirror-size bench-width clean
 
 venv: $(STAMP)
 
@@ -19,10 +19,20 @@ jars: .jars/.fetched
 
 # Delta jars for Spark, resolved once from Maven Central so nothing downloads at test or run time.
 .jars/.fetched: $(STAMP) pipeline/session.py
-	$(PY) -m pipeline.session fetch .jars
+	$(PY) -m pipeline.session fetch .jars --s3
 	touch .jars/.fetched
 
-test: venv jars
+# The object store for the tests, built from the Go module proxy once into .tools/ (like the
+# jars): MinIO, the S3 API with conditional writes. (fake-gcs-server cannot take delta-rs's
+# writes: emulator/NOTES.md, "Object stores".)
+MINIO_MODULE := github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c
+TOOLS := $(CURDIR)/.tools/bin
+object-stores: $(TOOLS)/minio
+
+$(TOOLS)/minio:
+	GOBIN=$(TOOLS) GOFLAGS=-modcacherw go install -trimpath $(MINIO_MODULE)
+
+test: venv jars object-stores
 	$(PY) -m ruff check runtime ingest pipeline emulator tests bench
 	$(PY) -m mypy
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15

@@ -21,7 +21,7 @@ class Service(Process):
     unless a test asks for one (its databases' rows are written after the job starts)."""
 
     def __init__(
-        self, database_id: str, table: Path, log: Path, start: int | None, **env: str
+        self, database_id: str, table: Path | str, log: Path, start: int | None, **env: str
     ) -> None:
         """``start`` None: no configured start timestamp, so a new job starts at "now"."""
         super().__init__(
@@ -76,14 +76,16 @@ class SparkSource(Service):
 class Pipeline(Process):
     """``python -m pipeline run`` on local[2] with few shuffle partitions."""
 
-    def __init__(self, changelog: Path, root: Path, log: Path, **env: str) -> None:
+    def __init__(self, changelog: Path | str, root: Path | str, log: Path, **env: str) -> None:
+        """``root``: a folder or an object store URI holding the mirrors and the checkpoint."""
+        root = str(root).rstrip("/")
         super().__init__(
             ["-m", "pipeline", "run"],
             log,
             {
                 "PIPELINE_CHANGELOG_URI": str(changelog),
-                "PIPELINE_MIRROR_ROOT": str(root / "mirrors"),
-                "PIPELINE_CHECKPOINT_URI": str(root / "checkpoint"),
+                "PIPELINE_MIRROR_ROOT": f"{root}/mirrors",
+                "PIPELINE_CHECKPOINT_URI": f"{root}/checkpoint",
                 "PIPELINE_MASTER": "local[2]",
                 "PIPELINE_SHUFFLE_PARTITIONS": "2",
                 "PIPELINE_LOCK_STALE_S": "5",
@@ -104,7 +106,7 @@ def wait_until_committed(
         time.sleep(0.1)
 
 
-def wait_until_landed(table: Path, transactions: int, timeout: float) -> None:
+def wait_until_landed(table: Path | str, transactions: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if landed_transactions(str(table)) >= transactions:

@@ -1,0 +1,192 @@
+"""The fences on an object store (MinIO on loopback) as on a local path: conditional writes,
+the pipeline's checkpoint lease and the ingest's Delta commit."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from ingest.delta.sink import DeltaChangeLogSink, WriterFenced
+from pipeline.state.checkpoint import CheckpointInUse, CheckpointLock, CheckpointLockLost
+from runtime.conditional import ConditionalObject, VersionChanged
+from tests.object_stores import S3Store, minio
+from tests.store_faults import FaultRates, StoreFaults
+from tests.test_sink import COMMIT, point, transactions
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Store]:
+    with minio(tmp_path_factory.mktemp("minio")) as store:
+        yield store
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh folder on a local path or in the MinIO bucket, its credentials in the
+    environment as a deployment would give them."""
+    if request.param == "local":
+        return str(tmp_path)
+    store: S3Store = request.getfixturevalue("s3")
+    for name, value in store.environment().items():
+        monkeypatch.setenv(name, value)
+    return store.uri(f"test-{uuid.uuid4().hex}")
+
+
+def at_once(count: int, act: Callable[[int], Any]) -> list[Any]:
+    """``act(i)`` in ``count`` threads released together; each result or raised error."""
+    barrier = threading.Barrier(count)
+    results: list[Any] = [None] * count
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = act(i)
+        except Exception as error:
+            results[i] = error
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    return results
+
+
+def create(target: ConditionalObject, i: int) -> str:
+    return target.create(f"{i}".encode())
+
+
+def commit_one(sinks: list[DeltaChangeLogSink], base: int, i: int) -> object:
+    return sinks[i].commit(transactions(1, base + i), point(base + 9))
+
+
+def test_of_writers_racing_to_create_one_object_exactly_one_wins(root: str) -> None:
+    for round_ in range(3):
+        name = f"object-{round_}"
+        results = at_once(6, functools.partial(create, ConditionalObject(root, name)))
+        winners = [i for i, r in enumerate(results) if isinstance(r, str)]
+        assert len(winners) == 1, results
+        assert all(isinstance(r, VersionChanged) for r in results if not isinstance(r, str))
+        found = ConditionalObject(root, name).read()
+        assert found is not None and found.data == f"{winners[0]}".encode()
+
+
+def test_a_replace_lands_only_on_the_version_it_read(root: str) -> None:
+    lease = ConditionalObject(root, "lease")
+    first = lease.create(b"a")
+    second = lease.replace(b"b", first)
+    with pytest.raises(VersionChanged):
+        lease.replace(b"c", first)
+    results = at_once(4, lambda i: lease.replace(f"racer {i}".encode(), second))
+    assert sum(isinstance(r, str) for r in results) == 1, results
+    lease.delete()
+    assert lease.read() is None
+
+
+def test_of_jobs_started_at_once_on_one_checkpoint_exactly_one_runs(root: str) -> None:
+    locks = [CheckpointLock(root, 30, f"pipeline {i}") for i in range(4)]
+    results = at_once(4, lambda i: locks[i].acquire())
+    holders = [i for i, r in enumerate(results) if r is None]
+    try:
+        assert len(holders) == 1, results
+        assert all(isinstance(r, CheckpointInUse) for r in results if r is not None)
+        locks[holders[0]].check_held()
+    finally:
+        for i in holders:
+            locks[i].release()
+
+
+def test_a_job_paused_past_its_lease_finds_it_taken_before_it_writes(root: str) -> None:
+    """A pause (a stopped container, a long GC) outlives the lease; the job that took over holds
+    it, and the paused one learns so from its own clock and from the store."""
+    stale_s = 2.0
+    paused = CheckpointLock(root, stale_s, "pipeline paused")
+    paused.acquire()
+    paused._stop.set()  # its heartbeat stops as a paused process's would
+    newcomer = CheckpointLock(root, stale_s, "pipeline newcomer")
+    taken = threading.Event()
+
+    def take_over() -> None:
+        while not taken.is_set():
+            try:
+                newcomer.acquire()
+                taken.set()
+            except CheckpointInUse:
+                threading.Event().wait(0.2)
+
+    attempts = threading.Thread(target=take_over, daemon=True)
+    attempts.start()
+    assert taken.wait(60), "the newcomer never took the stale lease"
+    try:
+        with pytest.raises(CheckpointLockLost, match="no longer holds"):
+            paused.check_held()
+        assert paused.renew() is False and paused.lost
+        newcomer.check_held()
+        assert newcomer.renew() is True
+    finally:
+        newcomer.release()
+        paused.release()
+
+
+def test_of_two_ingest_writers_racing_every_commit_one_lands_and_the_other_is_fenced(
+    root: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On S3 every listing of the log is held back half a second, so both writers find the same
+    next version free and both write it: only the store's put-if-absent keeps one of them out."""
+    uri = f"{root}/changelog"
+    if root.startswith("s3://"):
+        store: S3Store = request.getfixturevalue("s3")
+        slow_looks = FaultRates(
+            delay=1.0, delay_s=0.5, methods=("GET", "HEAD"), path=r"list-type=2.*_delta_log"
+        )
+        proxy = StoreFaults(store.endpoint, slow_looks, seed=1).start()
+        request.addfinalizer(proxy.stop)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.address)
+    first = DeltaChangeLogSink(uri, "job", "owner-a")
+    first.continue_after(None)
+    first.commit(transactions(1), point(COMMIT + 1))
+    for round_ in range(1, 4):
+        base = COMMIT + round_ * 10**6
+        sinks = [DeltaChangeLogSink(uri, "job", f"racer-{round_}-{i}") for i in range(2)]
+        for sink in sinks:
+            sink.continue_after(sink.latest_checkpoint())
+        results = at_once(2, functools.partial(commit_one, sinks, base))
+        landed = [r for r in results if not isinstance(r, Exception)]
+        assert len(landed) == 1, results
+        assert all(isinstance(r, WriterFenced) for r in results if isinstance(r, Exception))
+    if root.startswith("s3://"):
+        assert proxy.counts["delay"] > 0, "no look at the log was held back"
+    table = DeltaTable(uri)
+    assert table.transaction_version("job") == 4
+    assert table.to_pyarrow_table().num_rows == 4 * 2
+
+
+def test_the_environment_alone_configures_every_client_for_s3() -> None:
+    from runtime.storage import arrow_filesystem, delta_storage_options, spark_config
+
+    environ = {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "AWS_REGION": "eu-west-1",
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+    }
+    assert delta_storage_options("s3://b/t", environ) == {"conditional_put": "etag"}
+    assert delta_storage_options("s3a://b/t", environ) == {"conditional_put": "etag"}
+    assert delta_storage_options("s3://b/t", {"AWS_S3_LOCKING_PROVIDER": "dynamodb"}) is None
+    assert delta_storage_options("gs://b/t", environ) is None
+    assert delta_storage_options("/tmp/t", environ) is None
+    spark = spark_config(environ)
+    assert spark["spark.hadoop.fs.s3.impl"] == "org.apache.hadoop.fs.s3a.S3AFileSystem"
+    assert spark["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"
+    assert spark["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+    assert spark["spark.hadoop.fs.s3a.endpoint.region"] == "eu-west-1"
+    assert "spark.hadoop.fs.s3a.endpoint" not in spark_config({})
+    filesystem, path = arrow_filesystem("s3a://bucket/cdc/changelog/", environ)
+    assert (filesystem.type_name, path) == ("s3", "bucket/cdc/changelog")
