@@ -95,7 +95,7 @@ class StandaloneCluster:
         while True:
             try:
                 alive = self.alive_worker_ids()
-            except OSError:
+            except (OSError, ValueError):  # not serving yet, or an empty page while it starts
                 alive = set()
             if len(alive) == count:
                 return alive
