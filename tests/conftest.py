@@ -21,6 +21,7 @@ LONGEST_FIRST = (
     "test_snapshot.py",
     "test_spark_cluster.py",
     "test_spark_source.py",
+    "test_object_store_end_to_end.py",
     "test_source_changes.py",
     "test_pipeline.py",
     "test_end_to_end.py",
