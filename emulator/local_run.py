@@ -67,6 +67,12 @@ class RunOptions:
     standalone cluster of N one-core workers."""
     land_timeout_s: float = 90.0
     drain_timeout_s: float = 300.0
+    store: str | None = None
+    """Where the tables and checkpoints go (an object store URI); None: in ``folder``."""
+
+    @property
+    def root(self) -> str:
+        return (self.store or str(self.folder)).rstrip("/")
 
 
 def parse_args(argv: list[str] | None) -> RunOptions:
@@ -87,6 +93,12 @@ def parse_args(argv: list[str] | None) -> RunOptions:
         metavar="WORKERS",
         help="land the change log with the Spark source on a loopback standalone cluster",
     )
+    parser.add_argument(
+        "--store",
+        metavar="URI",
+        help="keep the tables and checkpoints there (s3://bucket/path with the AWS_* variables)"
+        " instead of the run folder; logs stay in the folder",
+    )
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.rate <= 0 or args.existing_rows < 0 or args.spark_cluster < 0:
         parser.error(
@@ -96,7 +108,12 @@ def parse_args(argv: list[str] | None) -> RunOptions:
     folder = Path(args.folder) if args.folder else Path(tempfile.mkdtemp(prefix="spanner-cdc-run-"))
     folder.mkdir(parents=True, exist_ok=True)
     return RunOptions(
-        args.seconds, args.rate, folder.resolve(), args.existing_rows, args.spark_cluster
+        args.seconds,
+        args.rate,
+        folder.resolve(),
+        args.existing_rows,
+        args.spark_cluster,
+        store=args.store,
     )
 
 
@@ -104,10 +121,10 @@ def product_processes(
     options: RunOptions, database: str, spark_master: str | None = None
 ) -> tuple[Process, Process]:
     """The ingest (``run``, or ``spark-run`` on ``spark_master``) and the pipeline."""
-    folder = options.folder
+    folder, root = options.folder, options.root
     spark = {
         "INGEST_SPARK_MASTER": spark_master or "",
-        "INGEST_SPARK_CHECKPOINT_URI": str(folder / "spark-source-checkpoint"),
+        "INGEST_SPARK_CHECKPOINT_URI": f"{root}/spark-source-checkpoint",
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
     ingest = Process(
@@ -115,7 +132,7 @@ def product_processes(
         folder / "ingest.log",
         {
             "SPANNER_DATABASE": database,
-            "INGEST_TABLE_URI": str(folder / "changelog"),
+            "INGEST_TABLE_URI": f"{root}/changelog",
             "INGEST_CHECKPOINT_INTERVAL_S": "5",
             "INGEST_FLUSH_LATENCY_MS": "500",
             "INGEST_HEALTH_PORT": "0",
@@ -123,18 +140,20 @@ def product_processes(
             **(spark if spark_master else {}),
         },
     )
-    return ingest, pipeline_process(folder, folder / "changelog")
+    return ingest, pipeline_process(folder, f"{root}/changelog", root)
 
 
-def pipeline_process(folder: Path, changelog: Path) -> Process:
-    """``python -m pipeline run`` on ``changelog``; mirrors, checkpoint and log in ``folder``."""
+def pipeline_process(folder: Path, changelog: Path | str, root: str | None = None) -> Process:
+    """``python -m pipeline run`` on ``changelog``; its log in ``folder``, mirrors and checkpoint
+    in ``root`` (default ``folder``)."""
+    root = (root or str(folder)).rstrip("/")
     return Process(
         ["-m", "pipeline", "run"],
         folder / "pipeline.log",
         {
             "PIPELINE_CHANGELOG_URI": str(changelog),
-            "PIPELINE_MIRROR_ROOT": str(folder / "mirrors"),
-            "PIPELINE_CHECKPOINT_URI": str(folder / "pipeline-checkpoint"),
+            "PIPELINE_MIRROR_ROOT": f"{root}/mirrors",
+            "PIPELINE_CHECKPOINT_URI": f"{root}/pipeline-checkpoint",
             "PIPELINE_MASTER": "local[2]",
             "PIPELINE_SHUFFLE_PARTITIONS": "2",
             "PIPELINE_METRICS_PORT": "0",
@@ -213,13 +232,13 @@ def run(options: RunOptions, interrupted: threading.Event) -> int:
             stop_process(running.ingest_process)
             stop_process(running.pipeline_process, 60)
             check = MirrorCheck(["interrupted"], None)
-            print_summary(_summary(running, check), folder)
+            print_summary(_summary(running, check, options.root), folder)
             return 130
         finally:
             running.stop_workload.set()
             running.thread.join()
         say("checking every mirror table against Spanner at the last watermark")
-        summary = _summary(running, check_mirrors(database, folder))
+        summary = _summary(running, check_mirrors(database, options.root), options.root)
         print_summary(summary, folder)
         return 0 if summary.check.passed else 1
 
@@ -301,7 +320,7 @@ def _stop_in_order(options: RunOptions, interrupted: threading.Event, running: _
     last = max((t.commit_timestamp for t in running.committed), default=0)
     say(f"workload done: {len(running.committed)} transactions committed; waiting for them to land")
     wait_until(
-        lambda: consistent_past(str(options.folder / "changelog"), last),
+        lambda: consistent_past(f"{options.root}/changelog", last),
         options.land_timeout_s,
         interrupted,
         running.report,
@@ -332,9 +351,14 @@ def _stop_in_order(options: RunOptions, interrupted: threading.Event, running: _
         raise RuntimeError(f"the pipeline exited {process.returncode}; see {pipeline.log}")
 
 
-def _summary(running: _Running, check: MirrorCheck) -> Summary:
+def _summary(running: _Running, check: MirrorCheck, root: str) -> Summary:
     return summarize(
-        running.committed, running.ingest, running.pipeline, check, running.pipeline_started_ns
+        running.committed,
+        running.ingest,
+        running.pipeline,
+        check,
+        running.pipeline_started_ns,
+        root,
     )
 
 

@@ -48,6 +48,10 @@ class Summary:
     committed: int
     """Transactions committed after T0 (those before are in the snapshot)."""
     landed: int
+    changelog_p50_s: float | None
+    """Commit → change log: from a transaction's commit to the change-log commit that landed
+    it, for the commits that commit → mirror counts."""
+    changelog_p99_s: float | None
     lag_p50_s: float | None
     lag_p99_s: float | None
     pipeline_batches: int
@@ -107,6 +111,13 @@ def mirror_latencies(commit_timestamps: list[int], batches: list[dict[str, Any]]
     return [(v - c) / 1e9 for c, v in zip(commit_timestamps, visible, strict=True) if v is not None]
 
 
+def changelog_latencies(commit_timestamps: list[int], commits: list[dict[str, Any]]) -> list[float]:
+    """Seconds from each commit to the change-log commit whose W first reached it."""
+    landed = visible_at(commit_timestamps, landing_marks(commits))
+    pairs = zip(commit_timestamps, landed, strict=True)
+    return [(at - commit) / 1e9 for commit, at in pairs if at is not None]
+
+
 def pipeline_latencies(
     commit_timestamps: list[int], batches: list[dict[str, Any]], commits: list[dict[str, Any]]
 ) -> list[float]:
@@ -159,14 +170,17 @@ def progress_line(elapsed: float, committed: int, ingest: Process, pipeline: Pro
     )
 
 
-def check_mirrors(database: Any, folder: Path) -> MirrorCheck:
-    watermark = changelog_watermark(str(folder / "changelog"))
+def check_mirrors(database: Any, root: Path | str) -> MirrorCheck:
+    """Every mirror under ``root`` (a folder or a store URI) against Spanner at the change
+    log's W."""
+    root = str(root).rstrip("/")
+    watermark = changelog_watermark(f"{root}/changelog")
     if watermark is None:
         return MirrorCheck(["the change log has no landing commit"], False)
-    shapes = discover_shapes(str(folder / "changelog"))
+    shapes = discover_shapes(f"{root}/changelog")
     comparisons = compare_mirrors(
         database,
-        str(folder / "mirrors"),
+        f"{root}/mirrors",
         shapes,
         watermark.low_watermark,
         timestamp_digits=EMULATOR_TIMESTAMP_DIGITS,
@@ -183,12 +197,14 @@ def summarize(
     pipeline: Process,
     check: MirrorCheck,
     pipeline_started_ns: int,
+    root: str | None = None,
 ) -> Summary:
-    folder = ingest.log.parent
+    """``root``: where the tables are (default: the ingest log's folder)."""
+    root = (root or str(ingest.log.parent)).rstrip("/")
     commits = [e for e in ingest.events() if e["event"] == "delta_commit"]
     lags = [e["watermark_lag_seconds"] for e in commits]
     batches = [e for e in pipeline.events() if e["event"] == "pipeline_batch"]
-    checkpoint = latest_checkpoint(str(folder / "changelog"))
+    checkpoint = latest_checkpoint(f"{root}/changelog")
     snapshot = checkpoint.snapshot if checkpoint else None
     after = snapshot.read_timestamp if snapshot else 0
     first = next((b for b in batches if b.get("newest_commit")), None)
@@ -198,13 +214,16 @@ def summarize(
     measured = [t.commit_timestamp for t in committed if t.commit_timestamp > measured_after]
     latencies = mirror_latencies(measured, batches)
     pipeline_share = pipeline_latencies(measured, batches, commits)
+    landing = changelog_latencies(measured, commits)
     every = mirror_latencies(
         [t.commit_timestamp for t in committed if t.commit_timestamp > after], batches
     )
     return Summary(
         snapshot_rows=snapshot.rows if snapshot else None,
         committed=sum(t.commit_timestamp > after for t in committed),
-        landed=landed_transactions(str(folder / "changelog")),
+        landed=landed_transactions(f"{root}/changelog"),
+        changelog_p50_s=percentile(landing, 0.5),
+        changelog_p99_s=percentile(landing, 0.99),
         lag_p50_s=percentile(lags, 0.5),
         lag_p99_s=percentile(lags, 0.99),
         pipeline_batches=len(batches),
@@ -240,6 +259,10 @@ def print_summary(summary: Summary, folder: Path) -> None:
     say(f"  transactions landed      {summary.landed}")
     say(f"  change-log version       {summary.check.changelog_version}")
     say(f"  watermark lag p50 / p99  {seconds(summary.lag_p50_s)} / {seconds(summary.lag_p99_s)}")
+    say(
+        f"  commit → change log      {seconds(summary.changelog_p50_s)} / "
+        f"{seconds(summary.changelog_p99_s)} (p50/p99)"
+    )
     say(
         f"  pipeline batches         {summary.pipeline_batches} ({summary.rows_merged} rows merged)"
     )

@@ -36,8 +36,8 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         r"^50\tspark local\[1\]\t[1-9]\d*\t[\d.]+\t[\d.]+\t[\d.]+\t[\d.]+$",
     ),
     "mirror_latency.py": (
-        ["--seconds", "20", "--existing-rows", "20", "--cases", "5:driver"],
-        r"^5\tdriver\t\d+\t\d+\t([\d.]+|-)\t([\d.]+|-)\t",
+        ["--seconds", "20", "--existing-rows", "20", "--cases", "5:driver:s3"],
+        r"^5\tdriver\ts3\t[1-9]\d*\t\d+\t[\d.]+/[\d.]+\t([\d.]+|-)\t([\d.]+|-)\t",
     ),
 }
 
