@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ class ConditionalObject:
         except (NotFoundError, FileNotFoundError):
             return None
         return Versioned(
-            bytes(found.bytes()), str(found.meta["e_tag"]), found.meta["last_modified"].timestamp()
+            bytes(found.bytes()), _token(found.meta), found.meta["last_modified"].timestamp()
         )
 
     def create(self, data: bytes) -> str:
@@ -66,7 +67,7 @@ class ConditionalObject:
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
         try:
-            return str(obstore.put(self._store, self.name, data, mode="create")["e_tag"])
+            return _token(obstore.put(self._store, self.name, data, mode="create"))
         except (AlreadyExistsError, PreconditionError, FileExistsError) as taken:
             raise VersionChanged(f"{self.name} exists") from taken
 
@@ -78,10 +79,11 @@ class ConditionalObject:
         from obstore.exceptions import NotFoundError, PreconditionError
 
         try:
-            result = obstore.put(self._store, self.name, data, mode={"e_tag": version})
+            expected = {k: v for k, v in json.loads(version).items() if v is not None}
+            result = obstore.put(self._store, self.name, data, mode=expected)  # type: ignore[arg-type]
         except (PreconditionError, NotFoundError, FileNotFoundError) as moved:
             raise VersionChanged(f"{self.name} is no longer at {version}") from moved
-        return str(result["e_tag"])
+        return _token(result)
 
     def delete(self) -> None:
         if self._local:
@@ -90,6 +92,12 @@ class ConditionalObject:
         import obstore
 
         obstore.delete(self._store, self.name)
+
+
+def _token(meta: Any) -> str:
+    """An object's version as the store names it: the ETag, and the generation on GCS (whose
+    conditional replace matches the generation, where S3's matches the ETag)."""
+    return json.dumps({"e_tag": meta.get("e_tag"), "version": meta.get("version")})
 
 
 def _object_store(folder_uri: str):  # -> obstore.store.ObjectStore

@@ -14,7 +14,12 @@ import pytest
 from deltalake import DeltaTable
 
 from ingest.delta.sink import DeltaChangeLogSink, WriterFenced
-from pipeline.state.checkpoint import CheckpointInUse, CheckpointLock, CheckpointLockLost
+from pipeline.state.checkpoint import (
+    LOCK_FILE,
+    CheckpointInUse,
+    CheckpointLock,
+    CheckpointLockLost,
+)
 from runtime.conditional import ConditionalObject, VersionChanged
 from tests.object_stores import S3Store, minio
 from tests.store_faults import FaultRates, StoreFaults
@@ -129,7 +134,11 @@ def test_a_job_paused_past_its_lease_finds_it_taken_before_it_writes(root: str) 
             paused.check_held()
         assert paused.renew() is False and paused.lost
         newcomer.check_held()
+        lease = ConditionalObject(root, LOCK_FILE)
+        before = lease.read()
         assert newcomer.renew() is True
+        after = lease.read()
+        assert before is not None and after is not None and after.version != before.version
     finally:
         newcomer.release()
         paused.release()
