@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from emulator.processes import terminate
 from emulator.server import free_port
 
 MINIO = Path(__file__).resolve().parent.parent / ".tools" / "bin" / "minio"
@@ -99,12 +100,7 @@ def minio(folder: Path, bucket: str = "lake") -> Iterator[S3Store]:
         _create_bucket(store)
         yield store
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process, timeout=20)
         log.close()
 
 

@@ -13,6 +13,16 @@ from pathlib import Path
 from typing import Any
 
 
+def terminate(process: subprocess.Popen[Any], timeout: float) -> None:
+    """SIGTERM, then kill -9 if it has not exited within ``timeout`` seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class Process:
     """Starts processes of one command with one environment, all logging to one file."""
 

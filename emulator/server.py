@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from emulator.processes import terminate
+
 _SDK_ROOTS = ("/usr/lib/google-cloud-sdk", "/usr/share/google-cloud-sdk", "/opt/google-cloud-sdk")
 _RELATIVE_BINARY = Path("bin/cloud_spanner_emulator/emulator_main")
 
@@ -104,9 +106,4 @@ def emulator(
             _wait_listening(host_port, process, timeout=30)
             yield RunningEmulator(host_port, process)
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            terminate(process, timeout=10)
