@@ -83,11 +83,19 @@ class StandaloneCluster:
             str(work),
         )
 
-    def state(self) -> dict[str, Any]:
-        """The master's view (its web UI's JSON): workers, applications."""
+    def state(self, timeout: float = 30) -> dict[str, Any]:
+        """The master's view (its web UI's JSON): workers, applications. A busy master can
+        answer its page empty (seen in CI under load): asked again until ``timeout``."""
         url = f"http://127.0.0.1:{self.ui_port}/json/"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return json.loads(response.read())
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    return json.loads(response.read())
+            except ValueError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
 
     def wait_for_workers(self, count: int, timeout: float = 120) -> set[str]:
         """Until ``count`` workers are alive; their ids."""
@@ -95,7 +103,7 @@ class StandaloneCluster:
         while True:
             try:
                 alive = self.alive_worker_ids()
-            except (OSError, ValueError):  # not serving yet, or an empty page while it starts
+            except OSError:
                 alive = set()
             if len(alive) == count:
                 return alive
