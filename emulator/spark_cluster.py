@@ -110,6 +110,20 @@ class StandaloneCluster:
             assert time.monotonic() < deadline, f"{len(alive)} of {count} workers alive"
             time.sleep(0.5)
 
+    def wait_for_a_worker_besides(self, known: set[str], timeout: float = 120) -> set[str]:
+        """Until a worker not in ``known`` is alive (the master may list a killed one as alive
+        for a while, so a count alone cannot tell the replacement has registered); the new ids."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                new = self.alive_worker_ids() - known
+            except OSError:
+                new = set()
+            if new:
+                return new
+            assert time.monotonic() < deadline, "no new worker registered"
+            time.sleep(0.5)
+
     def executor_pids(self, worker: subprocess.Popen[bytes]) -> list[int]:
         """Executor JVMs the worker started (children in its process group)."""
         found = subprocess.run(
