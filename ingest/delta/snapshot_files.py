@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
@@ -59,15 +58,11 @@ class SnapshotFile:
         return SnapshotFile(path, size, rows, partition, modified)
 
 
-def _filesystem(table_uri: str) -> tuple[pafs.FileSystem, str]:
-    return arrow_filesystem(table_uri)
-
-
 class SnapshotFileWriter:
     """Rows of snapshot chunks into files of about ``target_bytes`` each (as encoded)."""
 
     def __init__(self, table_uri: str, read_timestamp: Nanos, target_bytes: int) -> None:
-        self._fs, self._root = _filesystem(table_uri)
+        self._fs, self._root = arrow_filesystem(table_uri)
         self._read_timestamp = read_timestamp
         self._target_bytes = target_bytes
         self._writer: pq.ParquetWriter | None = None
@@ -127,7 +122,7 @@ class SnapshotFileWriter:
 
 def read_keys(table_uri: str, files: Iterable[SnapshotFile]) -> list[str]:
     """The ``keys`` of written files' rows (an uncommitted range's, to tell what it found)."""
-    fs, root = _filesystem(table_uri)
+    fs, root = arrow_filesystem(table_uri)
     keys: list[str] = []
     for written in files:
         with fs.open_input_file(f"{root}/{written.path}") as source:

@@ -21,10 +21,10 @@ import uuid
 import structlog
 from pyarrow import fs as pafs
 
-from pipeline.state.registry import filesystem_for
 from runtime.conditional import ConditionalObject, VersionChanged, Versioned
 from runtime.errors import BadInput, ReportedError
 from runtime.logs import null_logger
+from runtime.storage import arrow_filesystem
 
 LOCK_FILE = "_job_lock.json"
 
@@ -202,7 +202,7 @@ def _numbered(filesystem: pafs.FileSystem, folder: str) -> set[int]:
 
 def committed_batches(checkpoint_uri: str) -> set[int]:
     """Batch ids Spark has committed in the checkpoint (``commits/<n>``)."""
-    filesystem, root = filesystem_for(checkpoint_uri)
+    filesystem, root = arrow_filesystem(checkpoint_uri)
     return _numbered(filesystem, f"{root.rstrip('/')}/commits")
 
 
@@ -214,7 +214,7 @@ def roll_back_uncommitted_batch(checkpoint_uri: str) -> list[str]:
     new fields as None for the whole run (open-source bug, docs/design.md). Without them
     the restart plans the batch afresh. Returns the deleted paths.
     """
-    filesystem, root = filesystem_for(checkpoint_uri)
+    filesystem, root = arrow_filesystem(checkpoint_uri)
     root = root.rstrip("/")
     planned = _numbered(filesystem, f"{root}/offsets")
     uncommitted = planned - _numbered(filesystem, f"{root}/commits")
@@ -243,6 +243,6 @@ def roll_back_uncommitted_batch(checkpoint_uri: str) -> list[str]:
 
 def checkpoint_id(checkpoint_uri: str) -> str:
     """The query id Spark keeps in ``<checkpoint>/metadata``: stable across restarts."""
-    filesystem, root = filesystem_for(checkpoint_uri)
+    filesystem, root = arrow_filesystem(checkpoint_uri)
     with filesystem.open_input_stream(f"{root.rstrip('/')}/metadata") as stream:
         return json.loads(stream.read().decode().splitlines()[0])["id"]

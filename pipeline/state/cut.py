@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from pipeline.state.registry import filesystem_for, replace_file
+from pipeline.state.registry import replace_file
+from runtime.storage import arrow_filesystem
 
 CUT_FILE = "_cut.json"
 END_INDEX = 2**63 - 1
@@ -47,7 +48,7 @@ def next_version(offset: dict[str, object]) -> int:
 def batch_end_offset(checkpoint_uri: str, batch_id: int) -> dict[str, object] | None:
     """The change log's end offset of a planned batch (Spark's ``offsets/<batch>``: a version
     line, the batch's metadata, then one line per source)."""
-    filesystem, root = filesystem_for(checkpoint_uri)
+    filesystem, root = arrow_filesystem(checkpoint_uri)
     try:
         with filesystem.open_input_stream(f"{root.rstrip('/')}/offsets/{batch_id}") as stream:
             lines = stream.read().decode().splitlines()
@@ -61,13 +62,13 @@ def batch_end_offset(checkpoint_uri: str, batch_id: int) -> dict[str, object] | 
 
 
 def record(mirror_root: str, cut: Cut) -> None:
-    filesystem, root = filesystem_for(mirror_root)
+    filesystem, root = arrow_filesystem(mirror_root)
     filesystem.create_dir(root, recursive=True)
     replace_file(filesystem, f"{root.rstrip('/')}/{CUT_FILE}", json.dumps(asdict(cut)).encode())
 
 
 def read(mirror_root: str) -> Cut | None:
-    filesystem, root = filesystem_for(mirror_root)
+    filesystem, root = arrow_filesystem(mirror_root)
     try:
         with filesystem.open_input_stream(f"{root.rstrip('/')}/{CUT_FILE}") as stream:
             return Cut(**json.loads(stream.read()))

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass
 from pyarrow import fs as pafs
 
 from pipeline.state.checkpoint import committed_batches
-from pipeline.state.registry import filesystem_for, replace_file
+from pipeline.state.registry import replace_file
+from runtime.storage import arrow_filesystem
 
 POINTER = "_generation.json"
 SPARK_FOLDERS = ("offsets", "commits", "state", "sources", "metadata", "_state_schemas")
@@ -48,7 +49,7 @@ def root_of(generation: Generation) -> str:
 
 
 def _root(checkpoint_uri: str) -> tuple[pafs.FileSystem, str]:
-    filesystem, root = filesystem_for(checkpoint_uri)
+    filesystem, root = arrow_filesystem(checkpoint_uri)
     return filesystem, root.rstrip("/")
 
 

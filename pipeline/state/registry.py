@@ -26,10 +26,6 @@ class Deployment:
     layout: int = STATE_LAYOUT
 
 
-def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
-    return arrow_filesystem(uri)
-
-
 def replace_file(filesystem: pafs.FileSystem, path: str, content: bytes) -> None:
     """Write ``path`` whole: a temporary file moved over it (a rename on a local disk, a single
     put on an object store), so a reader never sees half a file."""
@@ -48,7 +44,7 @@ class SchemaRegistry:
 
     @property
     def _folder(self) -> tuple[pafs.FileSystem, str]:
-        filesystem, root = filesystem_for(self.checkpoint_uri)
+        filesystem, root = arrow_filesystem(self.checkpoint_uri)
         return filesystem, f"{root.rstrip('/')}/_state_schemas"
 
     def history(self) -> list[Deployment]:
