@@ -16,6 +16,9 @@ from urllib.parse import urlsplit
 from pyarrow import fs as pafs
 
 S3_SCHEMES = ("s3", "s3a")
+S3_ATTEMPTS = 6
+"""Tries of one request to S3 before pyarrow gives up: a blip of the store is ridden out in
+the request, not by restarting the job."""
 STORE_ENVIRONMENT = ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_SERVICE_ACCOUNT")
 """Besides every ``AWS_*`` variable: what an executor writing to a store needs from the driver's
 environment."""
@@ -54,7 +57,11 @@ def delta_storage_options(
 def arrow_filesystem(
     uri: str, environ: Mapping[str, str] = os.environ
 ) -> tuple[pafs.FileSystem, str]:
-    """A pyarrow file system and the path in it, for the files kept beside the Delta tables."""
+    """A pyarrow file system and the path in it, for the files kept beside the Delta tables.
+
+    On S3 a file opens only when its first part is due, so a small file is one put: its retry
+    after a lost answer writes it again. A file written in parts would fail for good when the
+    answer to its completion is lost (the retried completion finds the upload gone)."""
     scheme = scheme_of(uri)
     if scheme in ("", "file"):
         from pathlib import Path
@@ -72,7 +79,14 @@ def arrow_filesystem(
         if region:
             options["region"] = region
         path = f"{parts.netloc}{parts.path}".rstrip("/")
-        return pafs.S3FileSystem(**options), path
+        return (
+            pafs.S3FileSystem(
+                allow_delayed_open=True,
+                retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS),
+                **options,
+            ),
+            path,
+        )
     return pafs.FileSystem.from_uri(uri)
 
 

@@ -106,7 +106,11 @@ class SnapshotFileWriter:
         if self._writer is None or self._sink is None:
             return
         self._writer.close()
-        self._sink.close()
+        try:
+            self._sink.close()
+        except OSError:
+            if not self._landed_whole():
+                raise
         self._writer = self._sink = None
         info = self._fs.get_file_info(f"{self._root}/{self._path}")
         self._written.append(
@@ -118,6 +122,16 @@ class SnapshotFileWriter:
                 int(time.time() * 1000),
             )
         )
+
+    def _landed_whole(self) -> bool:
+        """Whether the file is in the store with every row written, though its close failed: on
+        S3 the answer to a large file's last request (completing its upload) can be lost after
+        the store acted on it, and the retried request then finds no upload to complete."""
+        try:
+            with self._fs.open_input_file(f"{self._root}/{self._path}") as source:
+                return bool(pq.read_metadata(source).num_rows == self._rows)
+        except OSError:
+            return False
 
 
 def read_keys(table_uri: str, files: Iterable[SnapshotFile]) -> list[str]:
