@@ -33,12 +33,12 @@ $(TOOLS)/minio:
 	GOBIN=$(TOOLS) GOFLAGS=-modcacherw go install -trimpath $(MINIO_MODULE)
 
 test: venv jars object-stores
-	$(PY) -m ruff check runtime ingest pipeline emulator tests bench
+	$(PY) -m ruff check runtime ingest pipeline emulator tests bench examples
 	$(PY) -m mypy
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 lint: venv
-	$(PY) -m ruff check runtime ingest pipeline emulator tests bench
+	$(PY) -m ruff check runtime ingest pipeline emulator tests bench examples
 	$(PY) -m mypy
 
 # The whole product on one machine: emulator, sample database, workload, ingest service and

@@ -43,9 +43,10 @@ from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from pipeline.config import PipelineConfig
 from pipeline.job import JobStats, plan_deployment, read_changes, spark_settings, start_query
+from pipeline.landing import write_batch
 from pipeline.metrics import PipelineMetrics
-from pipeline.mirror import ensure_mirror, mirror_uri, write_batch
-from pipeline.processor import OPERATION, ChangeApplier, output_schema
+from pipeline.mirror import ensure_mirror, mirror_uri
+from pipeline.processor import INPUT_COLUMNS, OPERATION, ChangeApplier, output_schema
 from pipeline.session import build_session
 from pipeline.state.variables import row_variable
 from runtime.logs import null_logger
@@ -213,7 +214,7 @@ def run_variant(spark: Any, variant: str, changelog: str, work: Path) -> dict[st
     if variant == "row":
         query = start_query(spark, config, plan, JobStats(), log, PipelineMetrics())
     else:
-        changes = read_changes(spark, config)
+        changes = read_changes(spark, config).select(*INPUT_COLUMNS)
         if variant == "pandas":
             applied = changes.groupBy("table_name", "keys").transformWithStateInPandas(
                 PandasChangeApplier(plan.shapes),

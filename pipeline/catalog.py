@@ -6,6 +6,7 @@ The compatibility check runs before Spark starts, so the table shapes it needs c
 from __future__ import annotations
 
 import functools
+import json
 
 import numpy as np
 import pyarrow as pa
@@ -13,9 +14,10 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from ingest.contract.changelog import CHECKPOINT_KEY, SCHEMA_ROW, from_json
+from ingest.contract.changelog import CHECKPOINT_KEY, SCHEMA_ROW, Checkpoint, from_json
 from ingest.model.timestamps import parse_rfc3339
 from pipeline.shapes import EVERY_COLUMN_CAPTURES, Interval, Label, Source, TableShape, merge_shapes
+from runtime.storage import arrow_filesystem
 
 
 def scan(table: DeltaTable, columns: list[str] | None = None) -> pa.Table:
@@ -109,3 +111,19 @@ def version_holding(changelog_uri: str, commit_timestamp_text: str) -> int | Non
         if text is not None and from_json(text).resume_point.low_watermark >= commit:
             holding = int(entry["version"])
     return holding
+
+
+def checkpoint_at(changelog_uri: str, version: int) -> Checkpoint | None:
+    """The change-log checkpoint version ``version`` carries (its commit info), read from that
+    one log file; None when it carries none or the file is gone (Delta's log cleanup)."""
+    filesystem, root = arrow_filesystem(changelog_uri)
+    try:
+        with filesystem.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as stream:
+            lines = stream.read().decode().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in lines:
+        info = json.loads(line).get("commitInfo") if line.strip() else None
+        if info and CHECKPOINT_KEY in info:
+            return from_json(info[CHECKPOINT_KEY])
+    return None

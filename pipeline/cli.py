@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeline import config as config_module
-from pipeline.state.compatibility import StateSchemaError
+from pipeline.state.compatibility import Evolution, StateSchemaError
 from runtime.commands import Parser, run_command
 from runtime.logs import make_logger
 from runtime.options import ConfigError
@@ -30,6 +30,10 @@ OPTION_FLAGS = {
     "trigger": "trigger",
     "master": "master",
     "confirmed_drops": "confirmed_drops",
+    "history_tables": "history_tables",
+    "history_root": "history_root",
+    "processors": "processors",
+    "processor_root": "processor_root",
 }
 
 
@@ -40,11 +44,24 @@ def build_parser() -> argparse.ArgumentParser:
         ("run", "run the streaming job"),
         ("check-state-schema", "check the state schemas against the recorded ones"),
         ("rebase", "seed a new state generation from the mirrors (the job must be stopped)"),
+        ("as-of", "every captured table as it was at a Spanner time"),
     ):
         command = commands.add_parser(name, help=text)
         command.add_argument("--config", help="TOML file (also PIPELINE_CONFIG_FILE)")
         for flag in OPTION_FLAGS:
             command.add_argument(f"--{flag.replace('_', '-')}", dest=flag)
+        if name == "as-of":
+            command.add_argument("timestamp", help="RFC 3339, e.g. 2026-11-25T08:00:00.5Z")
+            command.add_argument(
+                "--source",
+                choices=("history", "mirrors"),
+                default="history",
+                help="history: exactly at the time; mirrors: at the newest batch's W before it",
+            )
+            command.add_argument("--table", action="append", help="only this table (repeat)")
+            command.add_argument(
+                "--output", help="write each table as a Delta table under this folder"
+            )
     return parser
 
 
@@ -59,9 +76,11 @@ def load_config(arguments: argparse.Namespace) -> config_module.PipelineConfig:
 
 def check_state_schema(config: config_module.PipelineConfig) -> int:
     from pipeline.catalog import discover_shapes
-    from pipeline.job import checked_state_schemas, only_limits
+    from pipeline.job import checked_state_schemas, limits, only_limits
     from pipeline.state import generations
     from pipeline.state.registry import SchemaRegistry
+    from pipeline.user_processors import gate
+    from pipeline.user_processors.loading import load_all
 
     generation = generations.current(config.checkpoint_uri)
     try:
@@ -76,17 +95,21 @@ def check_state_schema(config: config_module.PipelineConfig) -> int:
             f"seeded from the mirrors): {refused}"
         )
         return 0
-    print(
-        "ok: "
-        + (
-            f"added variables {list(evolution.added_variables)}, "
-            f"removed {list(evolution.removed_variables)}, "
-            f"changed {list(evolution.changed_variables)}"
-            if evolution.is_change
-            else "no state schema change"
-        )
-    )
+    print(f"ok: {_described(evolution)}")
+    for processor in load_all(config.processors):
+        checked = gate.check(generation.uri, processor, config.confirmed_drop_set, limits(config))
+        print(f"ok: processor {processor.name}: {_described(checked)}")
     return 0
+
+
+def _described(evolution: Evolution) -> str:
+    if not evolution.is_change:
+        return "no state schema change"
+    return (
+        f"added variables {list(evolution.added_variables)}, "
+        f"removed {list(evolution.removed_variables)}, "
+        f"changed {list(evolution.changed_variables)}"
+    )
 
 
 def session_factory(config: config_module.PipelineConfig) -> Callable[[], Any]:
@@ -159,6 +182,45 @@ def run(config: config_module.PipelineConfig) -> int:
     return 0
 
 
+def as_of(config: config_module.PipelineConfig, arguments: argparse.Namespace) -> int:
+    """Print each table's rows as JSON lines (``{"table": ..., "row": {...}}``, keys sorted),
+    or write each as a Delta table under ``--output``; then one summary line on stderr."""
+    import json
+
+    from deltalake import write_deltalake
+
+    from pipeline.as_of import history_as_of, mirrors_as_of
+    from pipeline.history import Histories
+
+    if arguments.source == "history":
+        histories = Histories(config.history_root, config.history_table_set)
+        result = history_as_of(histories, config.mirror_root, arguments.timestamp, arguments.table)
+    else:
+        result = mirrors_as_of(config.mirror_root, arguments.timestamp, arguments.table)
+    for table, rows in result.tables.items():
+        if arguments.output:
+            target = f"{arguments.output.rstrip('/')}/{table}"
+            write_deltalake(target, rows, mode="overwrite", schema_mode="overwrite")
+            continue
+        for row in rows.to_pylist():
+            print(json.dumps({"table": table, "row": row}, sort_keys=True, default=_text))
+    counts = ", ".join(f"{t} {r.num_rows}" for t, r in result.tables.items())
+    print(
+        f"ok: {result.source} as of {result.at}, consistent at {result.consistent_at}: {counts}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _text(value: Any) -> str:
+    """JSON for what JSON lacks: bytes as base64, the rest (times, decimals) as text."""
+    import base64
+
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(bytes(value)).decode()
+    return str(value)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     def command() -> int:
         arguments = build_parser().parse_args(argv)
@@ -167,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return check_state_schema(config)
         if arguments.command == "rebase":
             return rebase(config)
+        if arguments.command == "as-of":
+            return as_of(config, arguments)
         return run(config)
 
     return run_command(command, sys.stderr)

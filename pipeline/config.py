@@ -23,6 +23,15 @@ class PipelineConfig:
     mirror_root: str = "./data/mirrors"
     """One Delta mirror table per Spanner table under this root, named after the table."""
     checkpoint_uri: str = "./data/pipeline-checkpoint"
+    history_root: str = "./data/history"
+    """One Delta history table (SCD type 2) per table named in ``history_tables``, under this
+    root."""
+    history_tables: str = ""
+    """Comma-separated tables that keep a history; ``*`` for every table; empty for none."""
+    processors: str = ""
+    """Comma-separated user processors (``module:Class``) run by the job beside the mirrors."""
+    processor_root: str = "./data/processors"
+    """Each processor's output Delta table under this root, named after it."""
     job_id: str = "spanner-mirrors"
     """Application id of the mirror tables' idempotent MERGE commits."""
     trigger: str = "continuous"
@@ -58,6 +67,10 @@ class PipelineConfig:
     log_level: str = "info"
 
     @property
+    def history_table_set(self) -> frozenset[str]:
+        return frozenset(t.strip() for t in self.history_tables.split(",") if t.strip())
+
+    @property
     def confirmed_drop_set(self) -> frozenset[str]:
         return frozenset(p.strip() for p in self.confirmed_drops.split(",") if p.strip())
 
@@ -83,6 +96,10 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "changelog_uri": non_empty,
     "mirror_root": non_empty,
     "checkpoint_uri": non_empty,
+    "history_root": non_empty,
+    "history_tables": str,
+    "processors": str,
+    "processor_root": non_empty,
     "job_id": identifier,
     "trigger": choice("continuous", "available-now"),
     "trigger_interval_s": seconds(0, 86_400),

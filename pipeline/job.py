@@ -18,12 +18,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipeline.catalog import discover_shapes, version_holding
+from ingest.model.timestamps import to_rfc3339
+from pipeline import batch_log
+from pipeline.catalog import checkpoint_at, discover_shapes, version_holding
 from pipeline.config import PipelineConfig
+from pipeline.history import Histories, ensure_history, mirrors_reached
+from pipeline.landing import write_batch
 from pipeline.metrics import PipelineMetrics
-from pipeline.mirror import MIRROR_TARGET_FILE_BYTES, ensure_mirror, mirror_uri, write_batch
+from pipeline.mirror import MIRROR_TARGET_FILE_BYTES, ensure_mirror, mirror_uri
 from pipeline.processor import (
     INPUT_COLUMNS,
     ROW_NOT_APPLICABLE,
@@ -51,6 +56,16 @@ from pipeline.state.compatibility import (
 from pipeline.state.generations import Generation
 from pipeline.state.registry import Deployment, SchemaRegistry
 from pipeline.state.variables import legacy_variables, state_schemas
+from pipeline.user_processors import gate
+from pipeline.user_processors.feed import grouped
+from pipeline.user_processors.host import (
+    OUTPUT_COLUMN,
+    ProcessorHost,
+    host_schema,
+    output_column,
+)
+from pipeline.user_processors.loading import load_all
+from pipeline.user_processors.outputs import append_batch, ensure_output, output_uri
 from runtime.errors import ReportedError
 
 Logger = structlog.typing.FilteringBoundLogger
@@ -69,6 +84,13 @@ class Plan:
     deployment: Deployment
     deleted_variables: tuple[str, ...]
     guarded_fields: dict[str, tuple[str, ...]]
+    histories: Histories | None = None
+    processors: tuple[gate.Gated, ...] = ()
+
+    @property
+    def kept(self) -> frozenset[str]:
+        """The tables that keep a history."""
+        return frozenset() if self.histories is None else self.histories.of(self.shapes)
 
 
 def checked_state_schemas(
@@ -81,13 +103,12 @@ def checked_state_schemas(
     """
     history = registry.history()
     schemas = state_schemas(shapes, history[-1].schemas if history else None)
-    evolution = check_evolution(
-        history,
-        schemas,
-        config.confirmed_drop_set,
-        Limits(config.max_evolutions_per_variable, config.max_evolutions_per_query),
-    )
+    evolution = check_evolution(history, schemas, config.confirmed_drop_set, limits(config))
     return schemas, evolution
+
+
+def limits(config: PipelineConfig) -> Limits:
+    return Limits(config.max_evolutions_per_variable, config.max_evolutions_per_query)
 
 
 def only_limits(refused: StateSchemaError) -> bool:
@@ -100,6 +121,20 @@ def plan_deployment(config: PipelineConfig, log: Logger) -> Plan:
     shapes = discover_shapes(config.changelog_uri)
     if not shapes:
         return Plan({}, Deployment(0, {}, ()), (), {})
+    processors = tuple(
+        gate.record(config.checkpoint_uri, p, config.confirmed_drop_set, limits(config))
+        for p in load_all(config.processors)
+    )
+    for cleared in processors:
+        if cleared.evolution.is_change:
+            log.info(
+                "processor_state_evolved",
+                processor=cleared.processor.name,
+                deployment=cleared.deployment.number,
+                added_variables=list(cleared.evolution.added_variables),
+                removed_variables=list(cleared.evolution.removed_variables),
+                changed_variables=list(cleared.evolution.changed_variables),
+            )
     registry = SchemaRegistry(config.checkpoint_uri)
     schemas, evolution = checked_state_schemas(config, shapes, registry)
     deployment = registry.record(schemas, evolution.removed_variables)
@@ -118,7 +153,8 @@ def plan_deployment(config: PipelineConfig, log: Logger) -> Plan:
         for name, struct in after.items():
             if name in before and (added := fields_added(before[name], struct)):
                 guarded[name] = added
-    return Plan(shapes, deployment, deployment.deleted, guarded)
+    histories = Histories(config.history_root, config.history_table_set)
+    return Plan(shapes, deployment, deployment.deleted, guarded, histories, processors)
 
 
 @dataclass(slots=True)
@@ -167,8 +203,8 @@ def spark_settings(config: PipelineConfig) -> dict[str, str]:
 
 
 def read_changes(spark: Any, config: PipelineConfig, starting_version: int | None = None) -> Any:
-    """The change log as a stream of the columns the processor reads, from its first version or
-    (a rebased generation) from ``starting_version``."""
+    """The change log as a stream, from its first version or (a rebased generation) from
+    ``starting_version``: the job's one source, whichever operators read it."""
     reader = (
         spark.readStream.format("delta")
         .option("maxFilesPerTrigger", config.max_files_per_trigger)
@@ -176,7 +212,7 @@ def read_changes(spark: Any, config: PipelineConfig, starting_version: int | Non
     )
     if starting_version is not None:
         reader = reader.option("startingVersion", starting_version)
-    return reader.load(config.changelog_uri).select(*INPUT_COLUMNS)
+    return reader.load(config.changelog_uri)
 
 
 def start_query(
@@ -198,14 +234,28 @@ def start_query(
         plan.guarded_fields,
         int(config.tombstone_ttl_s * 1000),
         legacy_variables(plan.deployment.schemas),
+        plan.kept,
     )
-    changes = read_changes(spark, config, generation.starting_version)
+    log_rows = read_changes(spark, config, generation.starting_version)
+    changes = log_rows.select(*INPUT_COLUMNS)
     seed = None
     if generation.seed_uri is not None and not generations.has_committed(generation):
         seed = spark.read.parquet(generation.seed_uri).groupBy("table_name", "keys")
     applied = changes.groupBy("table_name", "keys").transformWithState(
-        processor, output_schema(plan.shapes), "Update", "ProcessingTime", initialState=seed
+        processor,
+        output_schema(plan.shapes, plan.kept),
+        "Update",
+        "ProcessingTime",
+        initialState=seed,
     )
+    for cleared in plan.processors:
+        produced = grouped(log_rows, cleared.processor).transformWithState(
+            ProcessorHost(cleared.processor, cleared.deployment.deleted),
+            host_schema(cleared.processor),
+            "Update",
+            "ProcessingTime",
+        )
+        applied = applied.unionByName(produced, allowMissingColumns=True)
     writer = (
         applied.writeStream.foreachBatch(
             BatchLanding(config, plan, stats, log, metrics, generation, lease)
@@ -253,9 +303,17 @@ class BatchLanding:
         if self._app_id is None:
             self._app_id = f"{config.job_id}:{checkpoint_id(config.checkpoint_uri)}"
         self._lease()
+        offset = cut.batch_end_offset(config.checkpoint_uri, batch_id)
+        landed = self._landed(batch_id, offset)
+        metadata = batch_log.commit_metadata(landed.watermark_text, batch_id)
+        if self._plan.processors:
+            batch = batch.persist()
+            mirrored = batch.where(F.col(OUTPUT_COLUMN).isNull()).select(*self._mirror_columns)
+        else:
+            mirrored = batch
         with self._metrics.batch_running():
             result = write_batch(
-                batch,
+                mirrored,
                 batch_id,
                 self._plan.shapes,
                 config.mirror_root,
@@ -263,12 +321,25 @@ class BatchLanding:
                 self._log,
                 config.local_merge_max_rows,
                 config.local_merge_max_mb * 1024 * 1024,
+                self._plan.histories,
+                metadata,
             )
-        offset = cut.batch_end_offset(config.checkpoint_uri, batch_id)
+            self._append_outputs(batch, batch_id, metadata)
+        if self._plan.processors:
+            batch.unpersist()
         self._lease()
         if offset is not None:
             position = cut.Cut(cut.next_version(offset), self._generation.number, batch_id)
             cut.record(config.mirror_root, position)
+        batch_log.record(
+            config.mirror_root,
+            replace(
+                landed,
+                mirror_versions=result.mirror_versions,
+                history_versions=result.history_versions,
+            ),
+            self._app_id,
+        )
         if batch_id >= 1 and not self._retired:
             retire_replaced(self._generation, self._log)
             self._retired = True
@@ -283,6 +354,54 @@ class BatchLanding:
             merged_on="driver" if result.merged_on_driver else "spark" if result.rows else "-",
             bytes=result.bytes,
             seconds=round(time.monotonic() - started, 3),
+        )
+
+    @property
+    def _mirror_columns(self) -> list[str]:
+        return output_schema(self._plan.shapes, self._plan.kept).fieldNames()
+
+    def _append_outputs(
+        self, batch: Any, batch_id: int, metadata: dict[str, str]
+    ) -> dict[str, int]:
+        """Each processor's rows of the batch, appended once to its table."""
+        assert self._app_id is not None
+        versions = {}
+        for cleared in self._plan.processors:
+            name = cleared.processor.name
+            rows = batch.where(F.col(OUTPUT_COLUMN) == name).select(f"{output_column(name)}.*")
+            versions[name] = append_batch(
+                rows,
+                output_uri(self._config.processor_root, name),
+                self._app_id,
+                batch_id,
+                self._config.local_merge_max_rows,
+                metadata,
+            )
+        return versions
+
+    def _landed(self, batch_id: int, offset: dict[str, object] | None) -> batch_log.LandedBatch:
+        """Where the batch leaves the mirrors: the last change-log version it applies whole,
+        that version's W, and whether the mirrors then equal Spanner at W."""
+        whole = -1 if offset is None else cut.next_version(offset) - 1
+        ends_a_version = offset is not None and int(str(offset["index"])) in (
+            cut.END_INDEX,
+            cut.BASE_INDEX,
+        )
+        checkpoint = checkpoint_at(self._config.changelog_uri, whole) if whole >= 0 else None
+        start = None
+        if checkpoint is not None:
+            begins = checkpoint.snapshot.read_timestamp if checkpoint.snapshot else None
+            begins = begins if begins is not None else checkpoint.job_start
+            start = None if begins is None else to_rfc3339(begins)
+        return batch_log.LandedBatch(
+            batch_id=batch_id,
+            generation=self._generation.number,
+            changelog_version=whole,
+            watermark_text=(
+                None if checkpoint is None else to_rfc3339(checkpoint.resume_point.low_watermark)
+            ),
+            consistent=ends_a_version and checkpoint is not None and checkpoint.consistent,
+            changelog_start_text=start,
         )
 
 
@@ -359,6 +478,13 @@ def run_pipeline(
             except StateSchemaError as refused:
                 if not only_limits(refused):
                     raise
+                if config.processors:
+                    raise PipelineFailed(
+                        f"{_first_line(refused)}; a rebase would start the processors' state "
+                        "over, so the job stops: raise the limit (max_evolutions_per_variable, "
+                        "max_evolutions_per_query) or run the processors on a checkpoint of "
+                        "their own"
+                    ) from refused
                 spark = spark or _session(session_factory, cleanup, metrics)
                 reason = f"before Spark's limit: {_first_line(refused)}"
                 rebase_from_the_changelog(spark, config, log, reason)
@@ -372,7 +498,7 @@ def run_pipeline(
                 stop.wait(config.trigger_interval_s or 1.0)
                 continue
             spark = spark or _session(session_factory, cleanup, metrics)
-            _prepare(spark, running, plan.shapes, log)
+            _prepare(spark, running, plan, log)
             if drain.is_set() and config.trigger != "available-now":
                 config = replace(config, trigger="available-now")
                 running = replace(running, trigger="available-now")
@@ -454,13 +580,26 @@ def _session(
     return spark
 
 
-def _prepare(
-    spark: Any, config: PipelineConfig, shapes: dict[str, TableShape], log: Logger
-) -> None:
-    """Before a query starts: every mirror exists with its shape; a failed batch's state schema
-    files are undone."""
+def _prepare(spark: Any, config: PipelineConfig, plan: Plan, log: Logger) -> None:
+    """Before a query starts: every mirror, history and processor output exists with its
+    shape; a failed batch's state schema files are undone."""
+    shapes, histories = plan.shapes, plan.histories
+    for cleared in plan.processors:
+        processor = cleared.processor
+        uri = output_uri(config.processor_root, processor.name)
+        ensure_output(uri, processor.output, processor.name, log)
     for table, shape in shapes.items():
         ensure_mirror(spark, mirror_uri(config.mirror_root, table), shape, log)
+    if histories is not None:
+        for table in sorted(histories.of(shapes)):
+            ensure_history(
+                spark,
+                histories.uri(table),
+                shapes[table],
+                mirror_uri(config.mirror_root, table),
+                lambda: mirrors_reached(config.changelog_uri, config.mirror_root),
+                log,
+            )
     undone = roll_back_uncommitted_batch(config.checkpoint_uri)
     if undone:
         log.warning("uncommitted_batch_schema_files_removed", files=len(undone))

@@ -40,6 +40,9 @@ STATE_ROUNDTRIP_MISMATCH = "STATE_ROUNDTRIP_MISMATCH"
 ROW_NOT_APPLICABLE = "ROW_NOT_APPLICABLE"
 OPERATION = "_cdc_operation"
 LAST_APPLIED_COLUMN = "last_applied"
+VALID_FROM, VALID_FROM_TEXT = "_valid_from", "_valid_from_text"
+VALID_TO, VALID_TO_TEXT = "_valid_to", "_valid_to_text"
+FIRST_CHANGE, FIRST_CHANGE_TEXT = "_cdc_first_change", "_cdc_first_change_text"
 INPUT_COLUMNS = [
     "table_name",
     "keys",
@@ -79,10 +82,35 @@ class RowNotApplicable(RuntimeError):
         )
 
 
-def output_schema(shapes: Mapping[str, TableShape]) -> T.StructType:
+def history_variable(table: str) -> str:
+    """The output column of a history table's versions."""
+    return f"history_{table}"
+
+
+def versions_struct(shape: TableShape) -> T.ArrayType:
+    """The versions one batch made of a key, oldest first: the row as it was from each commit
+    until the next one changed it (``valid_to`` NULL for the version still current)."""
+    return T.ArrayType(
+        T.StructType(
+            [
+                T.StructField(VALID_FROM_TEXT, T.StringType()),
+                T.StructField(VALID_FROM, T.TimestampType()),
+                T.StructField(VALID_TO_TEXT, T.StringType()),
+                T.StructField(VALID_TO, T.TimestampType()),
+                T.StructField("image", shape.struct()),
+            ]
+        )
+    )
+
+
+def output_schema(
+    shapes: Mapping[str, TableShape], history: frozenset[str] = frozenset()
+) -> T.StructType:
     """One row per changed key: its keys as the change log spells them, the operation, the image
     (one struct per table) and the position of the key's last applied change, which the mirror
-    keeps beside the row so a rebase can seed state from it exactly."""
+    keeps beside the row so a rebase can seed state from it exactly. For a table with a history:
+    the versions the batch made and when the key's first change of the batch was (it closes the
+    version current before it)."""
     fields = [
         T.StructField("table_name", T.StringType()),
         T.StructField("keys", T.StringType()),
@@ -91,6 +119,16 @@ def output_schema(shapes: Mapping[str, TableShape]) -> T.StructType:
     ]
     fields += [T.StructField(row_variable(n), s.struct()) for n, s in sorted(shapes.items())]
     fields.append(T.StructField(LAST_APPLIED_COLUMN, LAST_APPLIED))
+    if history:
+        fields += [
+            T.StructField(history_variable(n), versions_struct(s))
+            for n, s in sorted(shapes.items())
+            if n in history
+        ]
+        fields += [
+            T.StructField(FIRST_CHANGE_TEXT, T.StringType()),
+            T.StructField(FIRST_CHANGE, T.TimestampType()),
+        ]
     return T.StructType(fields)
 
 
@@ -124,13 +162,15 @@ class ChangeApplier(StatefulProcessor):
         added_fields: Mapping[str, tuple[str, ...]] | None = None,
         tombstone_ttl_ms: int = 86_400_000,
         legacy: Mapping[str, T.StructType] | None = None,
+        history: frozenset[str] = frozenset(),
     ) -> None:
         self.shapes = dict(shapes)
         self.deleted_variables = deleted_variables
         self.added_fields = dict(added_fields or {})
         self.tombstone_ttl_ms = tombstone_ttl_ms
         self.legacy = dict(legacy or {})
-        self.output_fields = output_schema(shapes).fieldNames()
+        self.history = history & set(shapes)
+        self.output_fields = output_schema(shapes, self.history).fieldNames()
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         for name in self.deleted_variables:
@@ -160,7 +200,10 @@ class ChangeApplier(StatefulProcessor):
         if shape is None:
             raise SourceSchemaChanged(f"{SOURCE_SCHEMA_CHANGED}: new table {table!r}")
         entry = self._read_entry(table)
-        image, stats, applied = self._apply_rows(shape, keys_json, rows, entry)
+        versions: list[tuple[Row, dict[str, Any] | None]] | None = (
+            [] if table in self.history else None
+        )
+        image, stats, applied = self._apply_rows(shape, keys_json, rows, entry, versions)
         if applied is None:
             return
         marker = (
@@ -189,13 +232,45 @@ class ChangeApplier(StatefulProcessor):
             row_variable(table): tuple(output.get(c.name) for c in shape.columns),
             LAST_APPLIED_COLUMN: marker,
         }
+        if versions:
+            values[history_variable(table)] = self._versions(shape, versions)
+            values[FIRST_CHANGE_TEXT] = versions[0][0]["commit_timestamp_text"]
+            values[FIRST_CHANGE] = versions[0][0]["commit_timestamp"]
         yield Row(*self.output_fields)(*(values.get(name) for name in self.output_fields))
 
+    def _versions(
+        self, shape: TableShape, versions: list[tuple[Row, dict[str, Any] | None]]
+    ) -> list[tuple[Any, ...]]:
+        """The live versions among a key's changes, each valid until the next change."""
+        made = []
+        for i, (row, image) in enumerate(versions):
+            if image is None:
+                continue
+            after = versions[i + 1][0] if i + 1 < len(versions) else None
+            made.append(
+                (
+                    row["commit_timestamp_text"],
+                    row["commit_timestamp"],
+                    None if after is None else after["commit_timestamp_text"],
+                    None if after is None else after["commit_timestamp"],
+                    tuple(mirror_row(shape, image).values()),
+                )
+            )
+        return made
+
     def _apply_rows(
-        self, shape: TableShape, keys_json: str, rows: Iterator[Row], entry: _Entry
+        self,
+        shape: TableShape,
+        keys_json: str,
+        rows: Iterator[Row],
+        entry: _Entry,
+        versions: list[tuple[Row, dict[str, Any] | None]] | None = None,
     ) -> tuple[dict[str, Any] | None, Any, Row | None]:
         """The key's rows in change-log order onto its entry, skipping what it already applied:
-        the new image (None: deleted), change statistics, and the last row applied."""
+        the new image (None: deleted), change statistics, and the last row applied. With
+        ``versions``, each commit that changed the row is added to it with the image it left:
+        one per commit, and none for a change that left the row as it was (an on-demand
+        snapshot's image of an unchanged row)."""
         image, last, stats = entry.image, entry.last, entry.stats
         applied = None
         for row in sorted(rows, key=position):
@@ -212,6 +287,8 @@ class ChangeApplier(StatefulProcessor):
             except _ValueError as error:
                 raise RowNotApplicable(shape.name, keys_json, row, error.reason) from error
             stats = _count(stats, row)
+            if versions is not None:
+                _add_version(versions, row, image, entry.image)
             last, applied = position(row), row
         return image, stats, applied
 
@@ -240,11 +317,7 @@ class ChangeApplier(StatefulProcessor):
         if entry.found_in == "tombstone":
             self.tombstone.clear()
         self._check_round_trip(table, image)
-        return {
-            c.name: None if field is None else mirror_value(c.type, image.get(field))
-            for c in shape.columns
-            for field in [shape.current_field(c)]
-        }
+        return mirror_row(shape, image)
 
     def handleInitialState(self, key: Any, initialState: Row, timerValues: Any) -> None:
         """A rebased generation's first batch: one mirror row becomes the key's entry
@@ -402,6 +475,30 @@ class ChangeApplier(StatefulProcessor):
             raise StateRoundTripMismatch(
                 f"{STATE_ROUNDTRIP_MISMATCH}: {variable} fields {lost} read back None"
             )
+
+
+def _add_version(
+    versions: list[tuple[Row, dict[str, Any] | None]],
+    row: Row,
+    image: dict[str, Any] | None,
+    before_batch: dict[str, Any] | None,
+) -> None:
+    """Record the image ``row`` left, replacing one of the same commit."""
+    if versions and versions[-1][0]["commit_timestamp_text"] == row["commit_timestamp_text"]:
+        versions.pop()
+    previous = versions[-1][1] if versions else before_batch
+    if image != previous:
+        versions.append((row, None if image is None else dict(image)))
+
+
+def mirror_row(shape: TableShape, image: dict[str, Any]) -> dict[str, Any]:
+    """A state image as the mirror's (and a history version's) columns: each column's newest
+    generation, NULL once dropped."""
+    return {
+        c.name: None if field is None else mirror_value(c.type, image.get(field))
+        for c in shape.columns
+        for field in [shape.current_field(c)]
+    }
 
 
 class _ValueError(Exception):

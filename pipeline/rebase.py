@@ -102,6 +102,11 @@ def rebase_on_demand(
     rebase as the job's own (``rebase_from_the_changelog``)."""
     from pipeline.state.checkpoint import CheckpointLock
 
+    if config.processors:
+        raise BadInput(
+            "rebase: the job runs user processors, whose state a rebase cannot carry over "
+            "(it seeds state from the mirrors only); run them on a checkpoint of their own"
+        )
     description = f"rebase {config.job_id}"
     lock = CheckpointLock(config.checkpoint_uri, config.lock_stale_s, description, log)
     with lock:

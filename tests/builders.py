@@ -46,8 +46,9 @@ class ChangeLog:
         if checkpoint is None:
             self.sink.start_job(START)
 
-    def commit(self, *mods: tuple[str, str, dict[str, Any], dict[str, Any]]) -> Transaction:
-        """One transaction of (table, mod_type, keys, new_values) mods, one record per mod."""
+    def commit(self, *mods: tuple[Any, ...]) -> Transaction:
+        """One transaction of (table, mod_type, keys, new_values[, old_values]) mods, one record
+        per mod."""
         self.clock += 1_000_123
         tid = f"tx-{next(self._ids):06d}"
         records = tuple(
@@ -58,7 +59,7 @@ class ChangeLog:
                 is_last_record_in_transaction_in_partition=n == len(mods) - 1,
                 table_name=table,
                 column_types=self.columns[table],
-                mods=(Mod(keys, values, {}),),
+                mods=(Mod(mod[2], mod[3], mod[4] if len(mod) > 4 else {}),),
                 mod_type=mod_type,
                 value_capture_type=self.value_capture_type,
                 number_of_records_in_transaction=len(mods),
@@ -66,7 +67,8 @@ class ChangeLog:
                 transaction_tag="",
                 is_system_transaction=False,
             )
-            for n, (table, mod_type, keys, values) in enumerate(mods)
+            for n, mod in enumerate(mods)
+            for table, mod_type in [mod[:2]]
         )
         transaction = Transaction(self.clock, tid, records)
         self.pending.append(transaction)

@@ -115,7 +115,8 @@ class _Proxy:
 
     async def serve(self) -> None:
         self._session = ClientSession(
-            timeout=ClientTimeout(total=300), auto_decompress=False,
+            timeout=ClientTimeout(total=300),
+            auto_decompress=False,
             skip_auto_headers=["Accept", "Accept-Encoding", "User-Agent", "Content-Type"],
         )
         app = web.Application(client_max_size=1 << 30)

@@ -37,9 +37,10 @@ ALLOWED = {
     "ingest.sparksource": ("runtime", "ingest"),
     "ingest": ("runtime", "ingest"),
     "pipeline": ("pipeline", "runtime", "ingest.model", "ingest.contract"),
+    "examples": ("pipeline.user_processors",),
 }
 """Stage → the product modules it may import (prefixes). Anything not listed is refused."""
-PRODUCT = ("runtime", "ingest", "pipeline", "emulator", "tests", "bench")
+PRODUCT = ("runtime", "ingest", "pipeline", "emulator", "tests", "bench", "examples")
 
 
 def stage_of(module: str) -> str:
@@ -78,7 +79,7 @@ def wrong_way_imports_of(module: str, path: Path) -> list[str]:
 def wrong_way_imports() -> list[str]:
     return [
         wrong
-        for package in ("runtime", "ingest", "pipeline")
+        for package in ("runtime", "ingest", "pipeline", "examples")
         for path in sorted((ROOT / package).rglob("*.py"))
         for wrong in wrong_way_imports_of(module_name(path), path)
     ]

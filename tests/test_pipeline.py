@@ -23,8 +23,9 @@ from pipeline import catalog as pipeline_catalog
 from pipeline import job
 from pipeline.catalog import discover_shapes, scan
 from pipeline.job import PipelineFailed, run_pipeline
+from pipeline.landing import write_batch
 from pipeline.metrics import PipelineMetrics
-from pipeline.mirror import mirror_uri, write_batch
+from pipeline.mirror import mirror_uri
 from pipeline.processor import output_schema
 from pipeline.state.checkpoint import CheckpointInUse, CheckpointLock, checkpoint_id
 from pipeline.state.registry import SchemaRegistry

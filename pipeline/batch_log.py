@@ -1,0 +1,133 @@
+"""The batch log: where each micro-batch left the mirrors and histories, in Spanner's time.
+
+``<mirror_root>/_cdc_batches`` is a Delta table with a row per batch, appended after the batch's
+MERGEs with the batch's ``txn`` (a replayed batch appends nothing): the batch id and state
+generation, the last change-log version it applied whole and that version's low watermark W,
+whether the mirrors then equal Spanner at W (the batch ended at a version's end, and that version
+is a consistent cut: no snapshot under way), and the Delta version of every mirror and history
+at that moment. A read as of a Spanner time takes the newest consistent batch at or before it
+and reads every table at the version recorded there: one W for all (``pipeline.as_of``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from pipeline.merges import commit_properties, holds_batch
+from runtime.storage import delta_storage_options
+
+BATCH_LOG = "_cdc_batches"
+COMPACT_EVERY = 500
+"""Batches between compactions of the log's small files (one per batch)."""
+WATERMARK_KEY = "spanner_cdc_watermark"
+"""Commit-info key of every mirror and history commit: the W of the batch that wrote it."""
+SCHEMA = pa.schema(
+    [
+        pa.field("batch_id", pa.int64()),
+        pa.field("generation", pa.int64()),
+        pa.field("changelog_version", pa.int64()),
+        pa.field("watermark_text", pa.string()),
+        pa.field("consistent", pa.bool_()),
+        pa.field("changelog_start_text", pa.string()),
+        pa.field("mirror_versions", pa.string()),
+        pa.field("history_versions", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LandedBatch:
+    batch_id: int
+    generation: int
+    changelog_version: int
+    """The last change-log version the batch applied whole (-1: none yet)."""
+    watermark_text: str | None
+    """That version's low watermark W (RFC 3339, nine digits)."""
+    consistent: bool
+    """Whether every mirror then equals its Spanner table read at exactly W."""
+    changelog_start_text: str | None
+    """Where the change log's history begins: its initial snapshot's T0 or, without one, its
+    stream's start. A history holds every row from there."""
+    mirror_versions: dict[str, int] = field(default_factory=dict)
+    history_versions: dict[str, int] = field(default_factory=dict)
+
+
+def log_uri(mirror_root: str) -> str:
+    return f"{mirror_root.rstrip('/')}/{BATCH_LOG}"
+
+
+def commit_metadata(watermark_text: str | None, batch_id: int) -> dict[str, str]:
+    """What each mirror and history commit of a batch records beside its ``txn``."""
+    if watermark_text is None:
+        return {}
+    return {WATERMARK_KEY: json.dumps({"watermark": watermark_text, "batch_id": batch_id})}
+
+
+def record(mirror_root: str, landed: LandedBatch, app_id: str) -> None:
+    """Append the batch's row, once."""
+    from deltalake import DeltaTable, write_deltalake
+    from deltalake.exceptions import TableNotFoundError
+
+    uri = log_uri(mirror_root)
+    options = delta_storage_options(uri)
+    try:
+        if holds_batch(DeltaTable(uri, storage_options=options), app_id, landed.batch_id):
+            return
+    except TableNotFoundError:
+        pass
+    row = {
+        "batch_id": landed.batch_id,
+        "generation": landed.generation,
+        "changelog_version": landed.changelog_version,
+        "watermark_text": landed.watermark_text,
+        "consistent": landed.consistent,
+        "changelog_start_text": landed.changelog_start_text,
+        "mirror_versions": json.dumps(landed.mirror_versions, sort_keys=True),
+        "history_versions": json.dumps(landed.history_versions, sort_keys=True),
+    }
+    write_deltalake(
+        uri,
+        pa.Table.from_pylist([row], schema=SCHEMA),
+        mode="append",
+        storage_options=options,
+        commit_properties=commit_properties(app_id, landed.batch_id, None),
+    )
+    if landed.batch_id % COMPACT_EVERY == COMPACT_EVERY - 1:
+        table = DeltaTable(uri, storage_options=options)
+        table.optimize.compact()
+        table.create_checkpoint()
+
+
+def read(mirror_root: str) -> list[LandedBatch]:
+    """Every batch recorded, oldest first (a rebased generation numbers its batches from 0
+    again)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    uri = log_uri(mirror_root)
+    try:
+        table = DeltaTable(uri, storage_options=delta_storage_options(uri))
+    except TableNotFoundError:
+        return []
+    rows = table.to_pyarrow_dataset().to_table(use_threads=False).to_pylist()
+    landed = [_from_row(row) for row in rows]
+    return sorted(landed, key=lambda b: (b.generation, b.batch_id))
+
+
+def _from_row(row: Mapping[str, object]) -> LandedBatch:
+    return LandedBatch(
+        batch_id=int(str(row["batch_id"])),
+        generation=int(str(row["generation"])),
+        changelog_version=int(str(row["changelog_version"])),
+        watermark_text=None if row["watermark_text"] is None else str(row["watermark_text"]),
+        consistent=bool(row["consistent"]),
+        changelog_start_text=(
+            None if row["changelog_start_text"] is None else str(row["changelog_start_text"])
+        ),
+        mirror_versions=json.loads(str(row["mirror_versions"])),
+        history_versions=json.loads(str(row["history_versions"])),
+    )

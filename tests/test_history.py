@@ -1,0 +1,193 @@
+"""History tables and reads as of a Spanner time, on real Spark and Delta, over change logs
+landed by the real ingest sink: a random history of one table (inserts, updates, deletes, a
+key deleted and inserted again, a column added, a STRING column turned BYTES), followed batch by
+batch, merged both ways, replayed; read back at random times against a model of the table."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from ingest.model.records import ColumnType
+from ingest.model.timestamps import to_rfc3339
+from pipeline import batch_log
+from pipeline.as_of import (
+    NotAvailableAsOf,
+    history_as_of,
+    mirrors_as_of,
+    spark_history_as_of,
+    spark_mirrors_as_of,
+)
+from pipeline.history import Histories
+from tests.builders import ACCOUNTS, START, ChangeLog
+from tests.pipeline_runs import configure, run, spark  # noqa: F401
+
+EMAIL = ColumnType("email", {"code": "STRING"}, False, 4)
+OWNER_BYTES = ColumnType("owner", {"code": "BYTES"}, False, 2)
+
+Row = dict[str, Any]
+
+
+class Model:
+    """The table as Spanner holds it, after each transaction."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, Row] = {}
+        self.timeline: list[tuple[int, dict[int, Row]]] = [(START - 1, {})]
+
+    def apply(self, when: int, mods: list[tuple[str, int, Row]]) -> None:
+        for mod_type, key, values in mods:
+            if mod_type == "DELETE":
+                del self.rows[key]
+            else:
+                self.rows[key] = {**self.rows.get(key, {"account_id": key}), **values}
+        self.timeline.append((when, {k: dict(v) for k, v in self.rows.items()}))
+
+    def at(self, when: int) -> dict[int, Row]:
+        return [rows for stamp, rows in self.timeline if stamp <= when][-1]
+
+
+def comparable(row: Row) -> Row:
+    """A row as both sides can show it: text and bytes alike, absent columns NULL."""
+    shown = {"email": None, **row}
+    if isinstance(shown.get("owner"), str):
+        shown["owner"] = shown["owner"].encode()
+    if isinstance(shown.get("owner"), bytearray):
+        shown["owner"] = bytes(shown["owner"])
+    return shown
+
+
+def as_rows(table: Any) -> dict[int, Row]:
+    return {r["account_id"]: comparable(r) for r in table.to_pylist()}
+
+
+def write_history(rng: random.Random, changelog: ChangeLog, model: Model, stage: int) -> None:
+    """One stage of random transactions, landed in two versions."""
+    for _ in range(2):
+        for _ in range(rng.randint(3, 6)):
+            mods: list[tuple[str, int, Row]] = []
+            touched: set[int] = set()
+            for _ in range(rng.randint(1, 3)):
+                key = rng.randint(1, 12)
+                if key in touched:
+                    continue
+                touched.add(key)
+                balance = rng.randint(0, 999)
+                if key in model.rows and rng.random() < 0.3:
+                    mods.append(("DELETE", key, {}))
+                elif key in model.rows:
+                    mods.append(("UPDATE", key, {"balance": balance}))
+                else:
+                    owner = f"o{key}-{stage}"
+                    values: Row = {"owner": owner, "balance": balance}
+                    if stage >= 1:
+                        values["email"] = f"{key}@s{stage}"
+                    mods.append(("INSERT", key, values))
+            if not mods:
+                continue
+            transaction = changelog.commit(*[wire(m, stage) for m in mods])
+            model.apply(transaction.commit_timestamp, mods)
+        changelog.land()
+
+
+def wire(mod: tuple[str, int, Row], stage: int) -> tuple[str, str, Row, Row]:
+    """A model mod as the change log carries it (INT64 as text, BYTES as base64)."""
+    mod_type, key, values = mod
+    sent: Row = {}
+    for name, value in values.items():
+        if name == "owner" and stage >= 2:
+            sent[name] = base64.b64encode(value.encode()).decode()
+        elif name == "balance":
+            sent[name] = str(value)
+        else:
+            sent[name] = value
+    return ("accounts", mod_type, {"account_id": str(key)}, sent)
+
+
+@pytest.mark.parametrize("local_merge_max_rows", [50_000, 0], ids=["delta-rs", "spark"])
+def test_history_and_mirrors_read_as_of_any_time_equal_the_table_then(
+    spark,  # noqa: F811
+    tmp_path: Path,
+    local_merge_max_rows: int,
+) -> None:
+    rng = random.Random(30 + local_merge_max_rows)
+    config = configure(
+        tmp_path,
+        history_tables="*",
+        history_root=str(tmp_path / "history"),
+        local_merge_max_rows=local_merge_max_rows,
+    )
+    changelog = ChangeLog(config.changelog_uri)
+    model = Model()
+    for stage in range(3):
+        if stage == 1:
+            changelog.columns["accounts"] = (*ACCOUNTS, EMAIL)
+        if stage == 2:
+            changelog.columns["accounts"] = (ACCOUNTS[0], OWNER_BYTES, ACCOUNTS[2], EMAIL)
+        write_history(rng, changelog, model, stage)
+        run(spark, config)
+    assert run(spark, config).batches == 0, "nothing new: a run again changes nothing"
+
+    histories = Histories(config.history_root, frozenset({"*"}))
+    landed = batch_log.read(config.mirror_root)
+    assert landed and all(b.consistent for b in landed)
+    end = max(stamp for stamp, _ in model.timeline)
+    commits = [stamp for stamp, _ in model.timeline[1:]]
+    times = rng.sample(commits, 10) + [c - 1 for c in rng.sample(commits, 10)]
+    times += [rng.randint(START, end) for _ in range(30)]
+    for when in sorted(times):
+        at = to_rfc3339(when)
+        exact = history_as_of(histories, config.mirror_root, at)
+        assert as_rows(exact.tables["accounts"]) == {
+            k: comparable(v) for k, v in model.at(when).items()
+        }, at
+        if at < str(landed[0].watermark_text):
+            with pytest.raises(NotAvailableAsOf, match="no consistent batch at or before"):
+                mirrors_as_of(config.mirror_root, at)
+            continue
+        batched = mirrors_as_of(config.mirror_root, at)
+        watermark = batched.consistent_at
+        assert watermark <= at
+        assert as_rows(batched.tables["accounts"]) == {
+            k: comparable(v) for k, v in model.at(_nanos(watermark)).items()
+        }, (at, watermark)
+
+    at = to_rfc3339(rng.choice(commits[len(commits) // 2 :]))
+    with_spark = spark_history_as_of(spark, histories, config.mirror_root, at)
+    assert {
+        r["account_id"]: comparable(r.asDict()) for r in with_spark.tables["accounts"].collect()
+    } == as_rows(history_as_of(histories, config.mirror_root, at).tables["accounts"])
+    with_spark = spark_mirrors_as_of(spark, config.mirror_root, at)
+    assert {
+        r["account_id"]: comparable(r.asDict()) for r in with_spark.tables["accounts"].collect()
+    } == as_rows(mirrors_as_of(config.mirror_root, at).tables["accounts"])
+
+    history = DeltaTable(histories.uri("accounts")).to_pyarrow_table().to_pylist()
+    current = [r for r in history if r["_is_current"]]
+    assert sorted(r["account_id"] for r in current) == sorted(model.rows)
+    assert all(r["_valid_to"] is None for r in current)
+    per_key: dict[int, list[Row]] = {}
+    for row in history:
+        per_key.setdefault(row["account_id"], []).append(row)
+    for versions in per_key.values():
+        versions.sort(key=lambda r: r["_valid_from_text"])
+        for older, newer in itertools.pairwise(versions):
+            assert older["_valid_to_text"] is not None
+            assert older["_valid_to_text"] <= newer["_valid_from_text"]
+
+    with pytest.raises(NotAvailableAsOf, match="after the newest consistent batch"):
+        history_as_of(histories, config.mirror_root, to_rfc3339(end + 10**12))
+    with pytest.raises(NotAvailableAsOf, match="before the change log begins"):
+        history_as_of(histories, config.mirror_root, to_rfc3339(START - 10**9))
+
+
+def _nanos(text: str) -> int:
+    from ingest.model.timestamps import parse_rfc3339
+
+    return parse_rfc3339(text)
