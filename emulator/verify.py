@@ -212,6 +212,8 @@ def canonical(
         element = spanner_type.get("array_element_type") or {}
         return tuple(canonical(element, v, spanner, timestamp_digits) for v in value)
     if code == "BYTES":
+        if isinstance(value, str):  # read as of a time before the column turned BYTES
+            return value.encode()
         return base64.b64decode(value) if spanner else bytes(value)
     if code == "TIMESTAMP":
         unit = 10 ** (6 - timestamp_digits)

@@ -71,12 +71,11 @@ def history_as_of(
     result = {}
     for table, uri in chosen.items():
         history = DeltaTable(uri, storage_options=delta_storage_options(uri))
-        rows = history.to_pyarrow_dataset().to_table(use_threads=False)
-        valid = pc.and_(
-            pc.less_equal(rows[VALID_FROM_TEXT], at),
-            pc.or_kleene(pc.is_null(rows[VALID_TO_TEXT]), pc.greater(rows[VALID_TO_TEXT], at)),
+        valid = (pc.field(VALID_FROM_TEXT) <= at) & (
+            pc.field(VALID_TO_TEXT).is_null() | (pc.field(VALID_TO_TEXT) > at)
         )
-        result[table] = _table_columns(rows.filter(valid))
+        rows = history.to_pyarrow_dataset().to_table(filter=valid, use_threads=False)
+        result[table] = _table_columns(rows)
     return AsOf(at, at, "history", result)
 
 

@@ -360,16 +360,13 @@ class BatchLanding:
     def _mirror_columns(self) -> list[str]:
         return output_schema(self._plan.shapes, self._plan.kept).fieldNames()
 
-    def _append_outputs(
-        self, batch: Any, batch_id: int, metadata: dict[str, str]
-    ) -> dict[str, int]:
+    def _append_outputs(self, batch: Any, batch_id: int, metadata: dict[str, str]) -> None:
         """Each processor's rows of the batch, appended once to its table."""
         assert self._app_id is not None
-        versions = {}
         for cleared in self._plan.processors:
             name = cleared.processor.name
             rows = batch.where(F.col(OUTPUT_COLUMN) == name).select(f"{output_column(name)}.*")
-            versions[name] = append_batch(
+            _, appended = append_batch(
                 rows,
                 output_uri(self._config.processor_root, name),
                 self._app_id,
@@ -377,7 +374,7 @@ class BatchLanding:
                 self._config.local_merge_max_rows,
                 metadata,
             )
-        return versions
+            self._metrics.processor_rows.labels(name).inc(appended)
 
     def _landed(self, batch_id: int, offset: dict[str, object] | None) -> batch_log.LandedBatch:
         """Where the batch leaves the mirrors: the last change-log version it applies whole,

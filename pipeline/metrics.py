@@ -92,6 +92,12 @@ class PipelineMetrics:
             labelnames=["table"],
             registry=self.registry,
         )
+        self.processor_rows = Counter(
+            "pipeline_processor_rows",
+            "Rows a user processor appended to its output table",
+            labelnames=["processor"],
+            registry=self.registry,
+        )
         self.restarts = Counter(
             "pipeline_query_restarts",
             "Restarts of the streaming query on the same checkpoint, by reason",

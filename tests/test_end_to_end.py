@@ -1,9 +1,14 @@
-"""The whole product on the real emulator: ingest service → change log → pipeline → mirrors.
+"""The whole product on the real emulator: ingest service → change log → pipeline → mirrors,
+histories and the example processors.
 
-The promise checked: after the pipeline has processed the change log up to version v, every
-mirror table equals its Spanner table read at exactly W(v), through a Spanner ADD COLUMN mid-run
-and a kill -9 of the pipeline. Both processes' ``/metrics`` are scraped on the way and must move
-with the workload and agree with the change log.
+The promises checked: after the pipeline has processed the change log up to version v, every
+mirror table equals its Spanner table read at exactly W(v), through a Spanner ADD COLUMN mid-run,
+a kill -9 of the pipeline (its restart deploys the processors' v2) and a STRING column turned
+BYTES. Both processes' ``/metrics`` are scraped on the way and must move with the workload and
+agree with the change log. Each example processor's output equals a plain recomputation from
+Spanner read at every commit timestamp; their v3 is refused with one line. At 50 random times
+T the histories read as of T equal Spanner read at T, and the mirrors read as of T equal Spanner
+at the batch W they name.
 """
 
 from __future__ import annotations
@@ -28,6 +33,13 @@ from emulator.server import free_port
 from emulator.verify import changelog_watermark, mirror_rows
 from ingest.model.timestamps import to_rfc3339
 from pipeline.mirror import mirror_uri
+from tests.beyond_mirrors import (
+    assert_examples_equal_recomputed,
+    assert_reads_as_of_equal_spanner,
+    check_state_schema,
+    spanner_history,
+    statuses_as_bytes,
+)
 from tests.checks import (
     accounts_written_after_start,
     apply_ddl,
@@ -38,6 +50,18 @@ from tests.processes import Pipeline, Service, background_workload, wait_until_l
 from tests.scrapes import Samples, check_ingest, check_pipeline, scrape, scrape_until, value
 
 ALL_KINDS = dict(transfer_weight=0.6, all_types_weight=0.3, cleanup_weight=0.1)
+EXAMPLES_V1 = "examples.bank:RunningBalance,examples.status:StatusDurations"
+EXAMPLES_V2 = "examples.bank:RunningBalanceV2,examples.status:StatusDurationsV2"
+EXAMPLES_V3 = (
+    (
+        "examples.bank:RunningBalanceV3,examples.status:StatusDurationsV2",
+        "state variable 'running_balance.account', field 'balance': rename",
+    ),
+    (
+        "examples.bank:RunningBalanceV2,examples.status:StatusDurationsV3",
+        "state variable 'status_durations.totals', field 'entries': map key change",
+    ),
+)
 
 
 @retry(
@@ -107,7 +131,14 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
         INGEST_HEALTH_PORT=str(ingest_port),
     )
     pipeline = Pipeline(
-        changelog, tmp_path, tmp_path / "pipeline.log", PIPELINE_METRICS_PORT=str(pipeline_port)
+        changelog,
+        tmp_path,
+        tmp_path / "pipeline.log",
+        PIPELINE_METRICS_PORT=str(pipeline_port),
+        PIPELINE_HISTORY_TABLES="*",
+        PIPELINE_HISTORY_ROOT=str(tmp_path / "history"),
+        PIPELINE_PROCESSORS=EXAMPLES_V1,
+        PIPELINE_PROCESSOR_ROOT=str(tmp_path / "processors"),
     )
     ingest_process = ingest.start()
     running = pipeline.start()
@@ -135,11 +166,14 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
         running.kill()
         running.wait()
         starts = pipeline.count("pipeline_query_started")
+        pipeline.env["PIPELINE_PROCESSORS"] = EXAMPLES_V2
         running = pipeline.start()
         pipeline.wait_for("pipeline_query_started", starts + 1, timeout=300, process=running)
         name_accounts(database, range(10, 20))
         workload.join()
-        own = 3  # the seed and the two naming transactions, not in the workload's list
+        add_column(database, "ALTER TABLE all_types ALTER COLUMN col_string BYTES(MAX)")
+        statuses_as_bytes(database)
+        own = 4  # the seed, the two naming transactions, the statuses as bytes
         wait_until_landed(changelog, len(committed) + own, timeout=120)
         ingest_process.send_signal(signal.SIGTERM)
         assert ingest_process.wait(timeout=20) == 0
@@ -164,3 +198,14 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
     assert all(e["newest_commit"] <= to_rfc3339(watermark.low_watermark) for e in batches)
     restarts = [e for e in pipeline.events() if e["event"] == "pipeline_query_restarting"]
     assert any(e["reason"] == "SOURCE_SCHEMA_CHANGED" for e in restarts), restarts
+
+    for breaking, refusal in EXAMPLES_V3:
+        checked = check_state_schema(pipeline.env, breaking)
+        assert checked.returncode == 2, checked.stdout
+        lines = checked.stderr.strip().splitlines()
+        assert len(lines) == 1 and refusal in lines[0], checked.stderr
+    commits = spanner_history(database, str(changelog))
+    assert_examples_equal_recomputed(tmp_path / "processors", commits, f"seed {seed}")
+    assert_reads_as_of_equal_spanner(
+        database, str(changelog), tmp_path, shapes, rng, f"seed {seed}"
+    )

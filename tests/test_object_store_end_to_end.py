@@ -92,8 +92,9 @@ def test_on_s3_through_faults_kills_and_replicas_started_by_mistake_nothing_is_l
         stops: list[threading.Event] = []
         try:
             first_ingest.wait_for("delta_commit", 1, timeout=120, process=processes[0])
-            # Writes go on until the last pipeline is killed, so each one has changes to apply.
-            workload, stop_workload, committed = background_workload(database, 900, 10, seed)
+            # Writes go on until the paused pipeline's replacement has started, so it has
+            # changes to apply.
+            workload, stop_workload, committed = background_workload(database, 900, 5, seed)
             stops.append(stop_workload)
             processes.append(standby_ingest.start())
             standby_ingest.wait_for("standby_waiting_for_lease", 1, process=processes[1])
@@ -120,6 +121,7 @@ def test_on_s3_through_faults_kills_and_replicas_started_by_mistake_nothing_is_l
             taking_over = replacement.start()
             processes.append(taking_over)
             replacement.wait_for("pipeline_query_started", 1, timeout=300, process=taking_over)
+            stop_workload.set()
             running.send_signal(signal.SIGCONT)
             assert running.wait(timeout=120) == 1, "the paused pipeline went on after resuming"
             assert first.count("pipeline_batch") == batches_when_paused
@@ -129,7 +131,6 @@ def test_on_s3_through_faults_kills_and_replicas_started_by_mistake_nothing_is_l
             time.sleep(rng.uniform(0, 4))
             taking_over.kill()
             taking_over.wait()
-            stop_workload.set()
 
             workload.join()
             writer = processes[1]

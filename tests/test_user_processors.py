@@ -10,17 +10,21 @@ import base64
 import datetime as dt
 import random
 import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql import types as T
 
 from ingest.model.records import ColumnType
 from ingest.model.timestamps import to_rfc3339
 from pipeline.state.compatibility import StateSchemaError
+from pipeline.user_processors import Change, ChangeProcessor, State
 from pipeline.user_processors.loading import ProcessorInvalid, load_all
-from tests.builders import ACCOUNTS, START, ChangeLog
+from tests.beyond_mirrors import BALANCE_FIELDS, STATUS_FIELDS
+from tests.builders import ACCOUNTS, ChangeLog
 from tests.pipeline_runs import configure, mirror_rows, run, spark  # noqa: F401
 from tests.recompute import Commit, running_balance, status_durations
 
@@ -43,10 +47,40 @@ ALL_TYPES_LATER = (
     ColumnType("col_added", {"code": "INT64"}, False, 5),
 )
 STATUSES = ("new", "paid", "shipped", "returned")
-V1 = "examples.bank:RunningBalance,examples.status:StatusDurations"
-V2 = "examples.bank:RunningBalanceV2,examples.status:StatusDurationsV2"
-V3_BANK = "examples.bank:RunningBalanceV3,examples.status:StatusDurationsV2"
-V3_STATUS = "examples.bank:RunningBalanceV2,examples.status:StatusDurationsV3"
+FEED = "tests.test_user_processors:FeedTypes"
+V1 = f"examples.bank:RunningBalance,examples.status:StatusDurations,{FEED}"
+V2 = f"examples.bank:RunningBalanceV2,examples.status:StatusDurationsV2,{FEED}"
+V3_BANK = f"examples.bank:RunningBalanceV3,examples.status:StatusDurationsV2,{FEED}"
+V3_STATUS = f"examples.bank:RunningBalanceV2,examples.status:StatusDurationsV3,{FEED}"
+
+
+class FeedTypes(ChangeProcessor):
+    """What the typed feed hands over: each value's column, its Spark type and Python type."""
+
+    name = "feed_types"
+    tables = ("all_types",)
+    group_by = {"all_types": ("id",)}
+    state = {}
+    output = T.StructType(
+        [
+            T.StructField("commit_timestamp_text", T.StringType()),
+            T.StructField("column", T.StringType()),
+            T.StructField("spark_type", T.StringType()),
+            T.StructField("python_type", T.StringType()),
+        ]
+    )
+
+    def process(self, group: str | None, changes: Sequence[Change], state: State) -> Iterator[dict]:
+        for change in changes:
+            for column, value in change.values.items():
+                if value is not None:
+                    yield {
+                        "commit_timestamp_text": change.commit_timestamp_text,
+                        "column": column,
+                        "spark_type": change.column_types[column].simpleString(),
+                        "python_type": type(value).__name__,
+                    }
+
 
 Row = dict[str, Any]
 
@@ -180,7 +214,7 @@ def written(changelog: ChangeLog, bank: Bank, rounds: int, added: bool) -> None:
         changelog.land()
 
 
-def output_rows(root: Path, name: str, fields: list[str]) -> list[Row]:
+def output_rows(root: Path, name: str, fields: tuple[str, ...]) -> list[Row]:
     rows = DeltaTable(str(root / name)).to_pyarrow_table().to_pylist()
     return sorted(({f: r[f] for f in fields} for r in rows), key=repr)
 
@@ -203,31 +237,14 @@ def test_the_examples_run_beside_the_mirrors_evolve_and_a_breaking_change_is_ref
 
     changelog.columns["all_types"] = ALL_TYPES_LATER
     bank.bytes_status = True
+    altered_at = len(bank.commits) - 1
     written(changelog, bank, 3, added=True)
     evolved = configure(tmp_path, processors=V2, processor_root=str(processors))
     run(spark, evolved)
 
-    balance_fields = [
-        "account_id",
-        "commit_timestamp_text",
-        "balance",
-        "transfers_24h",
-        "amount_in_24h",
-        "amount_out_24h",
-    ]
     expected = running_balance(bank.commits, first_is_snapshot=False)
-    assert output_rows(processors, "running_balance", balance_fields) == sorted(expected, key=repr)
-    status_fields = [
-        "id",
-        "variant",
-        "status",
-        "entered_text",
-        "left_text",
-        "seconds",
-        "total_seconds_in_status",
-        "period",
-    ]
-    assert output_rows(processors, "status_durations", status_fields) == sorted(
+    assert output_rows(processors, "running_balance", BALANCE_FIELDS) == sorted(expected, key=repr)
+    assert output_rows(processors, "status_durations", STATUS_FIELDS) == sorted(
         status_durations(bank.commits), key=repr
     )
     counted = [
@@ -236,6 +253,17 @@ def test_the_examples_run_beside_the_mirrors_evolve_and_a_breaking_change_is_ref
     v2_rows = [r for r in counted if r["changes"] is not None]
     assert v2_rows, "v2 counts changes"
     assert all(r["changes"] is None for r in counted if r not in v2_rows)
+
+    altered = bank.commits[altered_at].text
+    seen = DeltaTable(str(processors / "feed_types")).to_pyarrow_table().to_pylist()
+    kinds = {
+        (r["column"], r["commit_timestamp_text"] > altered, r["spark_type"], r["python_type"])
+        for r in seen
+    }
+    assert ("col_string", False, "string", "str") in kinds
+    assert ("col_string", True, "binary", "bytes") in kinds
+    assert ("col_added", True, "bigint", "int") in kinds
+    assert not any(column == "col_added" and not after for column, after, _, _ in kinds)
 
     mirrored = mirror_rows(spark, config, "accounts")
     assert {k: v["balance"] for k, v in mirrored.items()} == {
@@ -261,6 +289,3 @@ def test_a_processor_named_wrong_is_one_line() -> None:
         load_all("examples.bank:Nothing")
     with pytest.raises(ProcessorInvalid, match="used more than once"):
         load_all("examples.bank:RunningBalance,examples.bank:RunningBalanceV2")
-
-
-START_TEXT = to_rfc3339(START)

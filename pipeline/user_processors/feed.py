@@ -15,24 +15,12 @@ from pyspark.sql import types as T
 from ingest.contract.changelog import SCHEMA_ROW, parse_column_types
 from ingest.model.records import ColumnType, sequence_key
 from ingest.model.timestamps import parse_rfc3339
-from pipeline.processor import RowNotApplicable
+from pipeline.processor import INPUT_COLUMNS, RowNotApplicable
 from pipeline.types import spark_type
 from pipeline.user_processors.api import Change, ChangeProcessor, Position, SchemaChange
 from pipeline.values import spark_value
 
-FEED_COLUMNS = [
-    "table_name",
-    "keys",
-    "commit_timestamp",
-    "commit_timestamp_text",
-    "server_transaction_id",
-    "record_sequence",
-    "mod_index",
-    "mod_type",
-    "new_values",
-    "old_values",
-    "column_types",
-]
+FEED_COLUMNS = [*INPUT_COLUMNS, "old_values"]
 GROUP_KIND, GROUP = "_cdc_group_kind", "_cdc_group"
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 CHANGES, SCHEMAS = "change", "schema"

@@ -64,14 +64,15 @@ def append_batch(
     batch_id: int,
     max_rows_on_driver: int,
     metadata: Mapping[str, str] | None = None,
-) -> int:
-    """Append one batch's output rows once; the table's version holding them."""
+) -> tuple[int, int]:
+    """Append one batch's output rows once: the table's version holding them, and how many
+    this call appended (none when the table held the batch already)."""
     from deltalake import DeltaTable, write_deltalake
 
     options = delta_storage_options(uri)
     table = DeltaTable(uri, storage_options=options)
     if holds_batch(table, app_id, batch_id):
-        return table.version()
+        return table.version(), 0
     count = rows.count()
     if count <= max_rows_on_driver:
         arrow = rows.toArrow()
@@ -84,7 +85,7 @@ def append_batch(
             mode="append",
             commit_properties=commit_properties(app_id, batch_id, metadata),
         )
-        return DeltaTable(uri, storage_options=options).version()
+        return DeltaTable(uri, storage_options=options).version(), count
     writer = (
         rows.write.format("delta")
         .mode("append")
@@ -94,4 +95,4 @@ def append_batch(
     if metadata:
         writer = writer.option("userMetadata", json.dumps(dict(metadata), sort_keys=True))
     writer.save(uri)
-    return table_version(uri)
+    return table_version(uri), count

@@ -1,0 +1,111 @@
+"""What histories and a user processor cost the mirror job: change rows/s of the job alone, with
+a history of every table, and with one user processor (``examples.bank:RunningBalance``), in one
+run on one change log and one Spark session.
+
+Each case is the whole job (``pipeline.job.run_pipeline``, available-now, one change-log version
+per micro-batch), so the baseline takes the same path (read, state, MERGE, cut, batch log) but
+for the one thing added. The change log is ``bench/pipeline_throughput.py``'s: one table, INSERT
+then UPDATEs of random keys, 10 mods per transaction, landed by the real sink. Each case is
+checked: the mirror holds every key, the history a version per change, the processor a row per
+change.
+
+Usage: python bench/beyond_mirrors.py [--rows 200000] [--keys 20000] [--batches 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from deltalake import DeltaTable
+
+from bench.pipeline_throughput import land_changelog
+from pipeline.config import PipelineConfig
+from pipeline.job import run_pipeline, spark_settings
+from pipeline.session import build_session
+from runtime.logs import null_logger
+
+CASES = {
+    "mirrors": {},
+    "history": {"history_tables": "*"},
+    "processor": {"processors": "examples.bank:RunningBalance"},
+}
+
+
+def run_case(spark: object, name: str, changelog: str, work: Path) -> float:
+    config = PipelineConfig(
+        changelog_uri=changelog,
+        mirror_root=str(work / "mirrors"),
+        checkpoint_uri=str(work / "checkpoint"),
+        history_root=str(work / "history"),
+        processor_root=str(work / "processors"),
+        trigger="available-now",
+        max_files_per_trigger=1,
+        metrics_port=0,
+        **CASES[name],  # type: ignore[arg-type]
+    )
+    started = time.monotonic()
+    stats = run_pipeline(config, null_logger(), threading.Event(), lambda: spark)
+    seconds = time.monotonic() - started
+    assert stats.batches >= 1 and stats.restarts == 0, stats
+    return seconds
+
+
+def rows_of(uri: Path) -> int:
+    return DeltaTable(str(uri)).to_pyarrow_dataset().count_rows()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--keys", type=int, default=20_000)
+    parser.add_argument("--batches", type=int, default=10)
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="beyond-mirrors-bench-"))
+    spark = build_session(
+        "beyond-mirrors-bench",
+        master="local[2]",
+        shuffle_partitions=2,
+        extra=spark_settings(PipelineConfig()),
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    changelog = str(root / "changelog")
+    land_changelog(changelog, args.rows, args.keys, args.batches)
+    print(
+        f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores, local[2], "
+        f"{args.rows} change rows of {args.keys} keys in {args.batches} versions, "
+        "one version per micro-batch"
+    )
+    print("case\trows/s\tseconds\tratio to mirrors")
+    baseline = None
+    for name in CASES:
+        work = root / name
+        seconds = run_case(spark, name, changelog, work)
+        assert rows_of(work / "mirrors" / "accounts") == args.keys
+        if name == "history":
+            assert rows_of(work / "history" / "accounts") == args.rows
+        if name == "processor":
+            assert rows_of(work / "processors" / "running_balance") == args.rows
+        baseline = baseline or seconds
+        print(
+            f"{name}\t{args.rows / seconds:,.0f}\t{seconds:.1f}\t{seconds / baseline:.2f}",
+            flush=True,
+        )
+        shutil.rmtree(work, ignore_errors=True)
+    spark.stop()
+    shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
