@@ -17,6 +17,7 @@ COPY runtime runtime
 COPY ingest ingest
 COPY pipeline pipeline
 COPY emulator emulator
+COPY examples examples
 RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --upgrade pip \
  && /opt/venv/bin/pip install --no-cache-dir .

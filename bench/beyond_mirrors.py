@@ -28,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from deltalake import DeltaTable
+from pipeline_throughput import land_changelog
 
-from bench.pipeline_throughput import land_changelog
 from pipeline.config import PipelineConfig
 from pipeline.job import run_pipeline, spark_settings
 from pipeline.session import build_session

@@ -13,6 +13,7 @@ COPY runtime runtime
 COPY ingest ingest
 COPY pipeline pipeline
 COPY emulator emulator
+COPY examples examples
 RUN python3 -m pip install --no-cache-dir . \
  && python3 -m pipeline.session fetch /opt/spanner-cdc/jars --gcs \
  && rm -rf /opt/spanner-cdc/jars/ivy \

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from pipeline import batch_log
@@ -71,10 +70,7 @@ def history_as_of(
     result = {}
     for table, uri in chosen.items():
         history = DeltaTable(uri, storage_options=delta_storage_options(uri))
-        valid = (pc.field(VALID_FROM_TEXT) <= at) & (
-            pc.field(VALID_TO_TEXT).is_null() | (pc.field(VALID_TO_TEXT) > at)
-        )
-        rows = history.to_pyarrow_dataset().to_table(filter=valid, use_threads=False)
+        rows = _valid_at(history, at)
         result[table] = _table_columns(rows)
     return AsOf(at, at, "history", result)
 
@@ -202,6 +198,27 @@ def _batch_at(
             raise NotAvailableAsOf(f"no mirror of {sorted(unknown)} at {at}")
         versions = {t: v for t, v in versions.items() if t in wanted}
     return landed[chosen], dict(sorted(versions.items()))
+
+
+def _valid_at(history: Any, at: str) -> pa.Table:
+    """A history's versions valid at ``at``, filtered by delta-rs's query engine as they are
+    read (a history holds every version ever made)."""
+    from deltalake import QueryBuilder
+
+    query = (
+        f"SELECT * FROM history WHERE \"{VALID_FROM_TEXT}\" <= '{at}' "
+        f'AND ("{VALID_TO_TEXT}" IS NULL OR "{VALID_TO_TEXT}" > \'{at}\')'
+    )
+    reader = QueryBuilder().register("history", history).execute(query)
+    rows = pa.RecordBatchReader.from_stream(reader).read_all()
+    return rows.cast(
+        pa.schema(
+            [
+                pa.field(f.name, pa.string()) if pa.types.is_string_view(f.type) else f
+                for f in rows.schema
+            ]
+        )
+    )
 
 
 def _product_column(name: str) -> bool:

@@ -76,16 +76,18 @@ def load_config(arguments: argparse.Namespace) -> config_module.PipelineConfig:
 
 def check_state_schema(config: config_module.PipelineConfig) -> int:
     from pipeline.catalog import discover_shapes
-    from pipeline.job import checked_state_schemas, limits, only_limits
+    from pipeline.job import checked_state_schemas, only_limits
     from pipeline.state import generations
     from pipeline.state.registry import SchemaRegistry
-    from pipeline.user_processors import gate
     from pipeline.user_processors.loading import load_all
 
     generation = generations.current(config.checkpoint_uri)
     try:
         _, evolution = checked_state_schemas(
-            config, discover_shapes(config.changelog_uri), SchemaRegistry(generation.uri)
+            config,
+            discover_shapes(config.changelog_uri),
+            SchemaRegistry(generation.uri),
+            load_all(config.processors),
         )
     except StateSchemaError as refused:
         if not only_limits(refused):
@@ -96,9 +98,6 @@ def check_state_schema(config: config_module.PipelineConfig) -> int:
         )
         return 0
     print(f"ok: {_described(evolution)}")
-    for processor in load_all(config.processors):
-        checked = gate.check(generation.uri, processor, config.confirmed_drop_set, limits(config))
-        print(f"ok: processor {processor.name}: {_described(checked)}")
     return 0
 
 

@@ -56,14 +56,15 @@ from pipeline.state.compatibility import (
 from pipeline.state.generations import Generation
 from pipeline.state.registry import Deployment, SchemaRegistry
 from pipeline.state.variables import legacy_variables, state_schemas
-from pipeline.user_processors import gate
-from pipeline.user_processors.feed import grouped
+from pipeline.user_processors.api import ChangeProcessor
+from pipeline.user_processors.feed import routed
 from pipeline.user_processors.host import (
     OUTPUT_COLUMN,
-    ProcessorHost,
-    host_schema,
+    ChangeApplierWithProcessors,
+    job_output_schema,
     output_column,
 )
+from pipeline.user_processors.host import state_schemas as processor_state_schemas
 from pipeline.user_processors.loading import load_all
 from pipeline.user_processors.outputs import append_batch, ensure_output, output_uri
 from runtime.errors import ReportedError
@@ -85,7 +86,7 @@ class Plan:
     deleted_variables: tuple[str, ...]
     guarded_fields: dict[str, tuple[str, ...]]
     histories: Histories | None = None
-    processors: tuple[gate.Gated, ...] = ()
+    processors: tuple[type[ChangeProcessor], ...] = ()
 
     @property
     def kept(self) -> frozenset[str]:
@@ -94,15 +95,20 @@ class Plan:
 
 
 def checked_state_schemas(
-    config: PipelineConfig, shapes: dict[str, TableShape], registry: SchemaRegistry
+    config: PipelineConfig,
+    shapes: dict[str, TableShape],
+    registry: SchemaRegistry,
+    processors: tuple[type[ChangeProcessor], ...] = (),
 ) -> tuple[dict[str, T.StructType], Evolution]:
-    """The state schemas the tables need, and how they evolve the recorded ones.
+    """The state schemas the tables and the users' processors need, and how they evolve the
+    recorded ones.
 
     Raises StateSchemaError when a rule is broken; run by every start and by
     ``check-state-schema``.
     """
     history = registry.history()
     schemas = state_schemas(shapes, history[-1].schemas if history else None)
+    schemas.update(processor_state_schemas(processors))
     evolution = check_evolution(history, schemas, config.confirmed_drop_set, limits(config))
     return schemas, evolution
 
@@ -121,22 +127,9 @@ def plan_deployment(config: PipelineConfig, log: Logger) -> Plan:
     shapes = discover_shapes(config.changelog_uri)
     if not shapes:
         return Plan({}, Deployment(0, {}, ()), (), {})
-    processors = tuple(
-        gate.record(config.checkpoint_uri, p, config.confirmed_drop_set, limits(config))
-        for p in load_all(config.processors)
-    )
-    for cleared in processors:
-        if cleared.evolution.is_change:
-            log.info(
-                "processor_state_evolved",
-                processor=cleared.processor.name,
-                deployment=cleared.deployment.number,
-                added_variables=list(cleared.evolution.added_variables),
-                removed_variables=list(cleared.evolution.removed_variables),
-                changed_variables=list(cleared.evolution.changed_variables),
-            )
+    processors = load_all(config.processors)
     registry = SchemaRegistry(config.checkpoint_uri)
-    schemas, evolution = checked_state_schemas(config, shapes, registry)
+    schemas, evolution = checked_state_schemas(config, shapes, registry, processors)
     deployment = registry.record(schemas, evolution.removed_variables)
     if evolution.is_change:
         log.info(
@@ -228,7 +221,7 @@ def start_query(
     """The query of one state generation (``config.checkpoint_uri`` is its folder): a rebased
     one reads from its starting version and loads its seed until its first batch commits."""
     generation = generation or Generation(0, config.checkpoint_uri)
-    processor = ChangeApplier(
+    arguments = (
         plan.shapes,
         plan.deleted_variables,
         plan.guarded_fields,
@@ -237,25 +230,22 @@ def start_query(
         plan.kept,
     )
     log_rows = read_changes(spark, config, generation.starting_version)
-    changes = log_rows.select(*INPUT_COLUMNS)
+    if plan.processors:
+        processor: ChangeApplier = ChangeApplierWithProcessors(plan.processors, *arguments)
+        changes = routed(log_rows, plan.processors)
+    else:
+        processor = ChangeApplier(*arguments)
+        changes = log_rows.select(*INPUT_COLUMNS)
     seed = None
     if generation.seed_uri is not None and not generations.has_committed(generation):
         seed = spark.read.parquet(generation.seed_uri).groupBy("table_name", "keys")
     applied = changes.groupBy("table_name", "keys").transformWithState(
         processor,
-        output_schema(plan.shapes, plan.kept),
+        job_output_schema(plan.shapes, plan.kept, plan.processors),
         "Update",
         "ProcessingTime",
         initialState=seed,
     )
-    for cleared in plan.processors:
-        produced = grouped(log_rows, cleared.processor).transformWithState(
-            ProcessorHost(cleared.processor, cleared.deployment.deleted),
-            host_schema(cleared.processor),
-            "Update",
-            "ProcessingTime",
-        )
-        applied = applied.unionByName(produced, allowMissingColumns=True)
     writer = (
         applied.writeStream.foreachBatch(
             BatchLanding(config, plan, stats, log, metrics, generation, lease)
@@ -363,8 +353,8 @@ class BatchLanding:
     def _append_outputs(self, batch: Any, batch_id: int, metadata: dict[str, str]) -> None:
         """Each processor's rows of the batch, appended once to its table."""
         assert self._app_id is not None
-        for cleared in self._plan.processors:
-            name = cleared.processor.name
+        for processor in self._plan.processors:
+            name = processor.name
             rows = batch.where(F.col(OUTPUT_COLUMN) == name).select(f"{output_column(name)}.*")
             _, appended = append_batch(
                 rows,
@@ -581,8 +571,7 @@ def _prepare(spark: Any, config: PipelineConfig, plan: Plan, log: Logger) -> Non
     """Before a query starts: every mirror, history and processor output exists with its
     shape; a failed batch's state schema files are undone."""
     shapes, histories = plan.shapes, plan.histories
-    for cleared in plan.processors:
-        processor = cleared.processor
+    for processor in plan.processors:
         uri = output_uri(config.processor_root, processor.name)
         ensure_output(uri, processor.output, processor.name, log)
     for table, shape in shapes.items():

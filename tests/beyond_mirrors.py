@@ -25,10 +25,13 @@ from pipeline.shapes import TableShape
 from tests.recompute import Commit, running_balance, status_durations
 
 HISTORY_COLUMNS = {
-    "accounts": ("account_id", "balance"),
+    "accounts": ("*",),
     "transfers": ("from_account_id", "transfer_id", "to_account_id", "amount"),
     "all_types": ("id", "variant", "col_string"),
 }
+"""What the recomputations read: every column of an account (any change of its row is one the
+running balance reports), the rest as the examples use them."""
+KEY_COLUMNS = {"accounts": 1, "transfers": 2, "all_types": 2}
 BALANCE_FIELDS = (
     "account_id",
     "commit_timestamp_text",
@@ -61,7 +64,8 @@ def check_state_schema(env: dict[str, str], processors: str) -> subprocess.Compl
 
 
 def statuses_as_bytes(database: Any) -> None:
-    """Some ``all_types`` rows given a new status once ``col_string`` is BYTES."""
+    """Some ``all_types`` rows given a new status once ``col_string`` is BYTES (the client
+    sends BYTES as base64)."""
     with database.snapshot() as snapshot:
         keys = list(snapshot.execute_sql("SELECT id, variant FROM all_types ORDER BY id LIMIT 5"))
     assert keys, "the workload wrote no all_types row"
@@ -69,7 +73,10 @@ def statuses_as_bytes(database: Any) -> None:
         batch.update(
             "all_types",
             ["id", "variant", "col_string"],
-            [(row_id, variant, f"bytes-{row_id}".encode()) for row_id, variant in keys],
+            [
+                (row_id, variant, base64.b64encode(f"bytes-{row_id}".encode()))
+                for row_id, variant in keys
+            ],
         )
 
 
@@ -80,23 +87,25 @@ def commit_times(changelog: str) -> list[str]:
     return sorted({r["commit_timestamp_text"] for r in rows if r["mod_type"] not in kinds})
 
 
-def spanner_history(database: Any, changelog: str) -> list[Commit]:
-    """The captured tables' columns the examples read, from Spanner at each commit timestamp."""
+def spanner_history(database: Any, changelog: str, shapes: dict[str, TableShape]) -> list[Commit]:
+    """The captured tables' columns the examples read, from Spanner at each commit timestamp;
+    a column a table did not have yet is NULL, so adding it changes no row."""
     commits = []
     for text in commit_times(changelog):
         nanos = parse_rfc3339(text)
         tables: dict[str, dict[tuple, dict[str, Any]]] = {}
         with database.snapshot(read_timestamp=_stamp(nanos), multi_use=True) as snapshot:
             for table, columns in HISTORY_COLUMNS.items():
-                listed = ", ".join(columns)
-                rows = snapshot.execute_sql(f"SELECT {listed} FROM {table}")
+                results = snapshot.execute_sql(f"SELECT {', '.join(columns)} FROM {table}")
+                rows = list(results)
+                names = [field.name for field in results.fields]
+                every = [c.name for c in shapes[table].columns] if columns == ("*",) else names
                 keyed = {}
                 for row in rows:
-                    values = dict(zip(columns, row, strict=True))
+                    values = {**dict.fromkeys(every), **dict(zip(names, row, strict=True))}
                     if isinstance(values.get("col_string"), bytes):
                         values["col_string"] = base64.b64decode(values["col_string"])
-                    key = tuple(values[c] for c in columns[: 1 if table == "accounts" else 2])
-                    keyed[key] = values
+                    keyed[tuple(values[c] for c in names[: KEY_COLUMNS[table]])] = values
                 tables[table] = keyed
         at = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=nanos // 1000)
         commits.append(Commit(at, text, tables))

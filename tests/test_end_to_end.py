@@ -204,7 +204,7 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
         assert checked.returncode == 2, checked.stdout
         lines = checked.stderr.strip().splitlines()
         assert len(lines) == 1 and refusal in lines[0], checked.stderr
-    commits = spanner_history(database, str(changelog))
+    commits = spanner_history(database, str(changelog), shapes)
     assert_examples_equal_recomputed(tmp_path / "processors", commits, f"seed {seed}")
     assert_reads_as_of_equal_spanner(
         database, str(changelog), tmp_path, shapes, rng, f"seed {seed}"

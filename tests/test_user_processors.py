@@ -176,7 +176,7 @@ class Bank:
         elif rows and choice < 0.7:
             key = self.rng.choice(rows)
             values: Row = {"col_string": self.rng.choice(STATUSES)}
-            if self.rng.random() < 0.5:
+            if self.rng.random() < 0.25:
                 values = {"col_int64": self.rng.randint(0, 9)}
             self.commit(("all_types", "UPDATE", {"id": key[0], "variant": key[1]}, values))
         else:
@@ -203,7 +203,7 @@ def _wire(values: Row, bytes_status: bool) -> Row:
 
 def written(changelog: ChangeLog, bank: Bank, rounds: int, added: bool) -> None:
     for _ in range(rounds):
-        for _ in range(4):
+        for _ in range(8):
             kind = bank.rng.random()
             if kind < 0.5:
                 bank.transfer()
@@ -232,21 +232,21 @@ def test_the_examples_run_beside_the_mirrors_evolve_and_a_breaking_change_is_ref
     )
     bank = Bank(changelog, rng)
     bank.open_accounts(6)
-    written(changelog, bank, 3, added=False)
+    written(changelog, bank, 4, added=False)
     assert run(spark, config).batches >= 1
 
     changelog.columns["all_types"] = ALL_TYPES_LATER
     bank.bytes_status = True
     altered_at = len(bank.commits) - 1
-    written(changelog, bank, 3, added=True)
+    written(changelog, bank, 4, added=True)
     evolved = configure(tmp_path, processors=V2, processor_root=str(processors))
     run(spark, evolved)
 
     expected = running_balance(bank.commits, first_is_snapshot=False)
+    periods = status_durations(bank.commits)
+    assert len(expected) >= 40 and len(periods) >= 5, (len(expected), len(periods))
     assert output_rows(processors, "running_balance", BALANCE_FIELDS) == sorted(expected, key=repr)
-    assert output_rows(processors, "status_durations", STATUS_FIELDS) == sorted(
-        status_durations(bank.commits), key=repr
-    )
+    assert output_rows(processors, "status_durations", STATUS_FIELDS) == sorted(periods, key=repr)
     counted = [
         r for r in DeltaTable(str(processors / "running_balance")).to_pyarrow_table().to_pylist()
     ]
@@ -269,6 +269,16 @@ def test_the_examples_run_beside_the_mirrors_evolve_and_a_breaking_change_is_ref
     assert {k: v["balance"] for k, v in mirrored.items()} == {
         k[0]: v["balance"] for k, v in bank.tables["accounts"].items()
     }
+
+    # A processor removed (its state deleted), then added again (starting afresh): the job
+    # goes on, and the running balance stays equal to its recomputation.
+    without_status = f"examples.bank:RunningBalanceV2,{FEED}"
+    for step, processors_now in enumerate((without_status, V2)):
+        written(changelog, bank, 1, added=True)
+        now = configure(tmp_path, processors=processors_now, processor_root=str(processors))
+        assert run(spark, now).batches >= 1, step
+    expected = running_balance(bank.commits, first_is_snapshot=False)
+    assert output_rows(processors, "running_balance", BALANCE_FIELDS) == sorted(expected, key=repr)
 
     for breaking, variable, field, rule in (
         (V3_BANK, "running_balance.account", "balance", "rename"),

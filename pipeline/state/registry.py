@@ -40,14 +40,12 @@ class SchemaRegistry:
     """``<checkpoint>/_state_schemas/NNNNNN.json``: a file per deployment that changed schemas."""
 
     checkpoint_uri: str
-    folder: str = "_state_schemas"
-    """Below the checkpoint; a user processor's are in ``_state_schemas/processors/<name>``."""
     _history: list[Deployment] | None = field(default=None, init=False)
 
     @property
     def _folder(self) -> tuple[pafs.FileSystem, str]:
         filesystem, root = arrow_filesystem(self.checkpoint_uri)
-        return filesystem, f"{root.rstrip('/')}/{self.folder}"
+        return filesystem, f"{root.rstrip('/')}/_state_schemas"
 
     def history(self) -> list[Deployment]:
         if self._history is None:

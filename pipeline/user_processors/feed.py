@@ -1,11 +1,11 @@
-"""The typed change feed: change-log rows grouped as a processor chooses (in Spark), and each
-row decoded into a ``Change`` or a ``SchemaChange`` (in the processor's Python worker)."""
+"""The typed change feed: change-log rows routed to the groups processors choose (in Spark), and
+each row decoded into a ``Change`` or a ``SchemaChange`` (in the operator's Python worker)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -21,31 +21,68 @@ from pipeline.user_processors.api import Change, ChangeProcessor, Position, Sche
 from pipeline.values import spark_value
 
 FEED_COLUMNS = [*INPUT_COLUMNS, "old_values"]
-GROUP_KIND, GROUP = "_cdc_group_kind", "_cdc_group"
+SOURCE_TABLE, SOURCE_KEYS = "_cdc_source_table", "_cdc_source_keys"
+"""A routed row's own table and key (its ``table_name`` and ``keys`` name its group)."""
+CHANGES_ROUTE, SCHEMA_ROUTE = "\x00", "\x01"
+"""Prefixes of a processor's groups among the operator's keys; no Spanner table name has them."""
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-CHANGES, SCHEMAS = "change", "schema"
+_ROUTES = T.ArrayType(
+    T.StructType([T.StructField("table", T.StringType()), T.StructField("key", T.StringType())])
+)
 
 
-def grouped(changes: DataFrame, processor: type[ChangeProcessor]) -> Any:
-    """The change log's rows of the processor's tables, once per group they join, grouped by
-    (kind, group): a change by each ``group_by`` entry's value (a column's value as the change
-    log spells it, from its new values, else its old values, else its keys; a tuple of columns
-    as a JSON array of theirs), a schema row of a table under ``("schema", table)``."""
-    rows = changes.where(F.col("table_name").isin(list(processor.tables))).select(*FEED_COLUMNS)
-    keys: Column = F.array(F.lit(None).cast("string"))
-    for table in processor.tables:
-        columns = processor.group_by.get(table, ())
-        values = F.array(*[_group_key(c) for c in columns]) if columns else keys
-        keys = F.when(F.col("table_name") == table, F.array_distinct(values)).otherwise(keys)
+def changes_route(processor: type[ChangeProcessor]) -> str:
+    return CHANGES_ROUTE + processor.name
+
+
+def schema_route(processor: type[ChangeProcessor]) -> str:
+    return SCHEMA_ROUTE + processor.name
+
+
+def routed(log_rows: DataFrame, processors: Iterable[type[ChangeProcessor]]) -> DataFrame:
+    """The change log's rows for the job's one operator: each once for the mirrors, keyed by
+    (table, key) as without processors, and once per group of each processor it joins, keyed
+    by (the processor's route, the group). One select over one source: the change log is read
+    once, whatever the processors.
+
+    A change joins a group per ``group_by`` entry (a column's value as the change log spells
+    it, from its new values, else its old values, else its keys; a tuple of columns as the JSON
+    array of theirs); a schema row of a table a processor reads joins its schema group."""
+    routes = [F.array(F.struct(F.col("table_name").alias("table"), F.col("keys").alias("key")))]
     is_schema = F.col("mod_type") == SCHEMA_ROW
-    return (
-        rows.withColumn(GROUP_KIND, F.when(is_schema, F.lit(SCHEMAS)).otherwise(F.lit(CHANGES)))
-        .withColumn(
-            GROUP,
-            F.explode(F.when(is_schema, F.array(F.col("table_name"))).otherwise(keys)),
+    for processor in processors:
+        groups: Column = F.array(F.lit(None).cast("string"))
+        for table in processor.tables:
+            columns = processor.group_by.get(table, ())
+            if columns:
+                values = F.array_distinct(F.array(*[_group_key(c) for c in columns]))
+                groups = F.when(F.col("table_name") == table, values).otherwise(groups)
+        to_changes = _to_route(changes_route(processor), groups)
+        to_schema = _to_route(schema_route(processor), F.array(F.col("table_name")))
+        reads = F.col("table_name").isin(list(processor.tables))
+        routes.append(
+            F.when(reads, F.when(is_schema, to_schema).otherwise(to_changes)).otherwise(
+                F.array().cast(_ROUTES)
+            )
         )
-        .groupBy(GROUP_KIND, GROUP)
+    return log_rows.select(
+        *[F.col(c) for c in FEED_COLUMNS if c not in ("table_name", "keys")],
+        F.col("table_name").alias(SOURCE_TABLE),
+        F.col("keys").alias(SOURCE_KEYS),
+        F.explode(F.concat(*routes)).alias("route"),
+    ).select(
+        F.col("route.table").alias("table_name"),
+        F.col("route.key").alias("keys"),
+        *[F.col(c) for c in FEED_COLUMNS if c not in ("table_name", "keys")],
+        SOURCE_TABLE,
+        SOURCE_KEYS,
     )
+
+
+def _to_route(route: str, keys: Column) -> Column:
+    """Each of ``keys`` as a (route, key) pair."""
+    table = F.lit(route).alias("table")
+    return F.transform(keys, lambda key: F.struct(table, key.alias("key")))
 
 
 def _group_key(columns: str | tuple[str, ...]) -> Column:
@@ -85,14 +122,15 @@ class Decoder:
         columns = self._parsed(row["column_types"])
         try:
             keys, values, old_values = (
-                self._values(columns, row[name]) for name in ("keys", "new_values", "old_values")
+                self._values(columns, row[name])
+                for name in (SOURCE_KEYS, "new_values", "old_values")
             )
         except (ValueError, TypeError, ArithmeticError, LookupError) as error:
             # from None: a decoder's message may hold the value, and tracebacks are logged
             reason = f"a value does not decode with its column type: {type(error).__name__}"
-            raise RowNotApplicable(row["table_name"], row["keys"], row, reason) from None
+            raise RowNotApplicable(row[SOURCE_TABLE], row[SOURCE_KEYS], row, reason) from None
         return Change(
-            table=row["table_name"],
+            table=row[SOURCE_TABLE],
             kind=row["mod_type"],
             keys=keys,
             values=values,
@@ -108,7 +146,7 @@ class Decoder:
     def schema_change(self, row: Any) -> SchemaChange:
         self._parsed(row["column_types"])
         return SchemaChange(
-            row["table_name"], self._types[row["column_types"]], row["commit_timestamp_text"]
+            row[SOURCE_TABLE], self._types[row["column_types"]], row["commit_timestamp_text"]
         )
 
     def _parsed(self, text: str) -> dict[str, ColumnType]:

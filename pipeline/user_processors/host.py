@@ -1,6 +1,11 @@
-"""A user's processor run as a transformWithState processor: its declared variables opened on
-Spark's state API, each group's rows decoded into the typed feed, its rows wrapped for the
-job's one output stream (``_cdc_output`` names the processor, ``out_<name>`` holds the row)."""
+"""Users' processors in the job's one transformWithState operator, beside the mirrors' own
+processor: each processor's variables are opened on Spark's state API under
+``<processor>.<variable>``, its groups' rows (``pipeline.user_processors.feed.routed``) decoded
+into the typed feed, and its rows wrapped for the job's one output stream (``_cdc_output`` names
+the processor, ``out_<name>`` holds the row; NULL for the mirrors' rows).
+
+One operator, not one per processor: the change log is one source whatever the processors, and
+adding or removing a processor adds or deletes state variables, which a checkpoint takes."""
 
 from __future__ import annotations
 
@@ -10,8 +15,10 @@ from typing import Any
 
 from pyspark.sql import Row
 from pyspark.sql import types as T
-from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.streaming.stateful_processor import StatefulProcessorHandle
 
+from pipeline.processor import ChangeApplier, output_schema
+from pipeline.shapes import TableShape
 from pipeline.user_processors.api import (
     ChangeProcessor,
     ListHandle,
@@ -24,7 +31,13 @@ from pipeline.user_processors.api import (
     ValueHandle,
     Variable,
 )
-from pipeline.user_processors.feed import SCHEMAS, Decoder, position
+from pipeline.user_processors.feed import (
+    SCHEMA_ROUTE,
+    Decoder,
+    changes_route,
+    position,
+    schema_route,
+)
 
 OUTPUT_COLUMN = "_cdc_output"
 """Which processor an output row of the job's stream came from; NULL for the mirrors' rows."""
@@ -34,64 +47,114 @@ def output_column(name: str) -> str:
     return f"out_{name}"
 
 
-def host_schema(processor: type[ChangeProcessor]) -> T.StructType:
-    return T.StructType(
-        [
-            T.StructField(OUTPUT_COLUMN, T.StringType()),
-            T.StructField(output_column(processor.name), processor.output),
-        ]
-    )
+def state_name(processor: type[ChangeProcessor], variable: str) -> str:
+    """A processor's variable among the operator's: what the gate records and refusals name."""
+    return f"{processor.name}.{variable}"
 
 
-class ProcessorHost(StatefulProcessor):
+def state_schemas(processors: Iterable[type[ChangeProcessor]]) -> dict[str, T.StructType]:
+    """Every processor's variables, as recorded and checked between deployments."""
+    return {
+        state_name(p, name): v.recorded_schema()
+        for p in processors
+        for name, v in sorted(p.state.items())
+    }
+
+
+def job_output_schema(
+    shapes: Mapping[str, TableShape],
+    history: frozenset[str],
+    processors: Iterable[type[ChangeProcessor]],
+) -> T.StructType:
+    """The operator's output: the mirrors' columns, then which processor and each one's row."""
+    fields = list(output_schema(shapes, history).fields)
+    processors = list(processors)
+    if processors:
+        fields.append(T.StructField(OUTPUT_COLUMN, T.StringType()))
+        fields += [T.StructField(output_column(p.name), p.output) for p in processors]
+    return T.StructType(fields)
+
+
+class ChangeApplierWithProcessors(ChangeApplier):
+    """The mirrors' processor, and the users' processors on the groups routed to them."""
+
     def __init__(
-        self, processor: type[ChangeProcessor], deleted_variables: tuple[str, ...] = ()
+        self,
+        processors: tuple[type[ChangeProcessor], ...],
+        *args: Any,
+        **kwargs: Any,
     ) -> None:
-        self.processor_class = processor
-        self.deleted_variables = deleted_variables
+        super().__init__(*args, **kwargs)
+        self.processors = processors
+        self.output_fields = job_output_schema(self.shapes, self.history, processors).fieldNames()
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        for name in self.deleted_variables:
-            handle.deleteIfExists(name)
-        self.processor = self.processor_class()
-        self.state = State(
-            {name: _open(handle, name, v) for name, v in self.processor.state.items()}
-        )
-        self.decoder = Decoder()
-        self.output_fields = self.processor.output.fieldNames()
-        self.envelope = Row(OUTPUT_COLUMN, output_column(self.processor.name))
+        super().init(handle)
+        envelope = Row(*self.output_fields)
+        self.hosted: dict[str, _Hosted] = {}
+        for processor in self.processors:
+            hosted = _Hosted(processor, handle, envelope, self.output_fields)
+            self.hosted[changes_route(processor)] = hosted
+            self.hosted[schema_route(processor)] = hosted
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
-        kind, group = key
-        ordered = sorted(rows, key=position)
-        produced: Iterable[OutputRow]
-        if kind == SCHEMAS:
-            produced = (
-                item
-                for row in ordered
-                for item in self.processor.on_schema_change(
-                    self.decoder.schema_change(row), self.state
-                )
-            )
+        route, group = key
+        hosted = self.hosted.get(route)
+        if hosted is None:
+            yield from super().handleInputRows(key, rows, timerValues)
+        elif route.startswith(SCHEMA_ROUTE):
+            yield from hosted.schema_rows(rows)
         else:
-            changes = [self.decoder.change(row) for row in ordered]
-            produced = self.processor.process(group, changes, self.state)
+            yield from hosted.changes(group, rows)
+
+
+class _Hosted:
+    """One user processor inside the operator: its state, decoder and output rows."""
+
+    def __init__(
+        self,
+        processor: type[ChangeProcessor],
+        handle: StatefulProcessorHandle,
+        envelope: Any,
+        output_fields: list[str],
+    ) -> None:
+        self.processor = processor()
+        self.state = State(
+            {
+                name: _open(handle, state_name(processor, name), v)
+                for name, v in processor.state.items()
+            }
+        )
+        self.decoder = Decoder()
+        self.envelope = envelope
+        self.output_fields = output_fields
+        self.fields = processor.output.fieldNames()
+        self.column = output_column(processor.name)
+
+    def changes(self, group: str | None, rows: Iterator[Row]) -> Iterator[Row]:
+        changes = [self.decoder.change(row) for row in sorted(rows, key=position)]
+        yield from self._wrapped(self.processor.process(group, changes, self.state))
+
+    def schema_rows(self, rows: Iterator[Row]) -> Iterator[Row]:
+        for row in sorted(rows, key=position):
+            change = self.decoder.schema_change(row)
+            yield from self._wrapped(self.processor.on_schema_change(change, self.state))
+
+    def _wrapped(self, produced: Iterable[OutputRow]) -> Iterator[Row]:
         for item in produced:
-            yield self.envelope(self.processor.name, self._as_tuple(item))
+            values = {OUTPUT_COLUMN: self.processor.name, self.column: self._as_tuple(item)}
+            yield self.envelope(*(values.get(name) for name in self.output_fields))
 
     def _as_tuple(self, item: OutputRow) -> tuple[Any, ...]:
         if isinstance(item, Mapping):
-            unknown = set(item) - set(self.output_fields)
+            unknown = set(item) - set(self.fields)
             if unknown:
                 raise ValueError(
                     f"processor {self.processor.name!r} returned fields {sorted(unknown)} its "
                     "output schema lacks"
                 )
-            return tuple(item.get(name) for name in self.output_fields)
+            return tuple(item.get(name) for name in self.fields)
         return tuple(item)
-
-    def close(self) -> None:
-        pass
 
 
 def _open(handle: StatefulProcessorHandle, name: str, variable: Variable) -> Any:
