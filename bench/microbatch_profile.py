@@ -12,7 +12,8 @@ Times, from this process's start:
   step's rows, persisted, counted and collected);
 - the end of the first batch.
 
-Timers wrap ``pipeline.job.write_batch`` and the two MERGE functions; nothing else changes.
+Timers wrap ``pipeline.job.write_batch`` and the two mirror MERGE functions where
+``pipeline.landing`` calls them; nothing else changes.
 
 Usage: python bench/microbatch_profile.py [--versions 11] [--keys 10000] [--merge driver]
 """
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline_throughput import MODS_PER_TRANSACTION, available_now, land_changelog
 
 import pipeline.job
-import pipeline.mirror
+import pipeline.landing
 from pipeline.config import PipelineConfig
 from pipeline.job import JobStats, plan_deployment, spark_settings, start_query
 from pipeline.metrics import PipelineMetrics
@@ -100,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     timers = Timers()
     timers.wrap(pipeline.job, "write_batch", timers.write_batch)
-    timers.wrap(pipeline.mirror, "merge_on_driver", timers.merge)
-    timers.wrap(pipeline.mirror, "merge_into_mirror", timers.merge)
+    timers.wrap(pipeline.landing, "merge_on_driver", timers.merge)
+    timers.wrap(pipeline.landing, "merge_into_mirror", timers.merge)
 
     marks = {"process start → profile start (imports, change log landed)": since_process_start()}
     began = time.monotonic()

@@ -299,3 +299,61 @@ def test_a_processor_named_wrong_is_one_line() -> None:
         load_all("examples.bank:Nothing")
     with pytest.raises(ProcessorInvalid, match="used more than once"):
         load_all("examples.bank:RunningBalance,examples.bank:RunningBalanceV2")
+
+
+def landed_outputs(config: Any, processors: Path) -> dict[str, Any]:
+    """Every table the job writes, row for row, with its Delta version."""
+    tables = {
+        "mirror": Path(config.mirror_root) / "accounts",
+        "history": Path(config.history_root) / "accounts",
+        "running_balance": processors / "running_balance",
+        "status_durations": processors / "status_durations",
+    }
+    landed = {}
+    for name, uri in tables.items():
+        table = DeltaTable(str(uri))
+        rows = sorted(table.to_pyarrow_table().to_pylist(), key=repr)
+        landed[name] = (table.version(), rows)
+    return landed
+
+
+def test_a_batch_replayed_after_its_outputs_landed_changes_no_output(
+    spark,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A kill -9 after a batch wrote its outputs and before Spark committed it: the restart
+    replays the batch from its offsets and state, and every table's Delta application
+    transaction skips it, so no mirror, history or processor row changes or doubles."""
+    rng = random.Random(3131)
+    processors = tmp_path / "processors"
+    config = configure(
+        tmp_path,
+        processors=V1,
+        processor_root=str(processors),
+        history_tables="*",
+        history_root=str(tmp_path / "history"),
+    )
+    changelog = ChangeLog(
+        config.changelog_uri,
+        columns={"accounts": ACCOUNTS, "transfers": TRANSFERS, "all_types": ALL_TYPES},
+    )
+    bank = Bank(changelog, rng)
+    bank.open_accounts(6)
+    written(changelog, bank, 3, added=False)
+    assert run(spark, config).batches >= 1
+    before = landed_outputs(config, processors)
+
+    commits = Path(config.checkpoint_uri) / "commits"
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    for name in (str(last), f".{last}.crc"):
+        (commits / name).unlink(missing_ok=True)
+    replayed = run(spark, config)
+    assert replayed.batches == 1, "the batch without its commit runs again"
+    assert landed_outputs(config, processors) == before
+
+    written(changelog, bank, 2, added=False)
+    run(spark, config)
+    expected = running_balance(bank.commits, first_is_snapshot=False)
+    assert output_rows(processors, "running_balance", BALANCE_FIELDS) == sorted(expected, key=repr)
+    periods = status_durations(bank.commits)
+    assert output_rows(processors, "status_durations", STATUS_FIELDS) == sorted(periods, key=repr)
