@@ -9,7 +9,11 @@ then UPDATEs of random keys, 10 mods per transaction, landed by the real sink. E
 checked: the mirror holds every key, the history a version per change, the processor a row per
 change.
 
-Usage: python bench/beyond_mirrors.py [--rows 200000] [--keys 20000] [--batches 10]
+The cases run in ``--rounds`` rounds, each round in the order opposite to the one before, so
+the session's warm-up and whatever the machine does meanwhile fall on every case alike; each
+case's figure is its median over the rounds, each round's ratio is printed too.
+
+Usage: python bench/beyond_mirrors.py [--rows 200000] [--keys 20000] [--batches 10] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import datetime as dt
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -65,11 +70,21 @@ def rows_of(uri: Path) -> int:
     return DeltaTable(str(uri)).to_pyarrow_dataset().count_rows()
 
 
+def check_case(name: str, work: Path, rows: int, keys: int) -> None:
+    """What the case must have written: every key mirrored, a version or a row per change."""
+    assert rows_of(work / "mirrors" / "accounts") == keys
+    if name == "history":
+        assert rows_of(work / "history" / "accounts") == rows
+    if name == "processor":
+        assert rows_of(work / "processors" / "running_balance") == rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--keys", type=int, default=20_000)
     parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="beyond-mirrors-bench-"))
     spark = build_session(
@@ -84,24 +99,27 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores, local[2], "
         f"{args.rows} change rows of {args.keys} keys in {args.batches} versions, "
-        "one version per micro-batch"
+        f"one version per micro-batch, {args.rounds} rounds in alternating order"
     )
-    print("case\trows/s\tseconds\tratio to mirrors")
-    baseline = None
-    for name in CASES:
-        work = root / name
-        seconds = run_case(spark, name, changelog, work)
-        assert rows_of(work / "mirrors" / "accounts") == args.keys
-        if name == "history":
-            assert rows_of(work / "history" / "accounts") == args.rows
-        if name == "processor":
-            assert rows_of(work / "processors" / "running_balance") == args.rows
-        baseline = baseline or seconds
+    print("round\tcase\tseconds")
+    seconds: dict[str, list[float]] = {name: [] for name in CASES}
+    for number in range(args.rounds):
+        order = list(CASES) if number % 2 == 0 else list(reversed(CASES))
+        for name in order:
+            work = root / f"{name}-{number}"
+            seconds[name].append(run_case(spark, name, changelog, work))
+            check_case(name, work, args.rows, args.keys)
+            print(f"{number}\t{name}\t{seconds[name][-1]:.1f}", flush=True)
+            shutil.rmtree(work, ignore_errors=True)
+    print("case\trows/s\tseconds\tratio to mirrors\tratio per round")
+    baseline = statistics.median(seconds["mirrors"])
+    for name, taken in seconds.items():
+        median = statistics.median(taken)
+        rounds = ",".join(f"{t / m:.2f}" for t, m in zip(taken, seconds["mirrors"], strict=True))
         print(
-            f"{name}\t{args.rows / seconds:,.0f}\t{seconds:.1f}\t{seconds / baseline:.2f}",
+            f"{name}\t{args.rows / median:,.0f}\t{median:.1f}\t{median / baseline:.2f}\t{rounds}",
             flush=True,
         )
-        shutil.rmtree(work, ignore_errors=True)
     spark.stop()
     shutil.rmtree(root, ignore_errors=True)
     return 0
