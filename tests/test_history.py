@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import base64
 import itertools
+import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +189,60 @@ def test_history_and_mirrors_read_as_of_any_time_equal_the_table_then(
         history_as_of(histories, config.mirror_root, to_rfc3339(end + 10**12))
     with pytest.raises(NotAvailableAsOf, match="before the change log begins"):
         history_as_of(histories, config.mirror_root, to_rfc3339(START - 10**9))
+
+    check_the_command_line(config, histories, at, tmp_path / "as-of", to_rfc3339(end + 10**12))
+
+
+def as_of_command(config: Any, *arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", "as-of", *arguments],
+        env={
+            **os.environ,
+            "PIPELINE_MIRROR_ROOT": config.mirror_root,
+            "PIPELINE_HISTORY_ROOT": config.history_root,
+            "PIPELINE_HISTORY_TABLES": config.history_tables,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def check_the_command_line(
+    config: Any, histories: Histories, at: str, output: Path, too_late: str
+) -> None:
+    """``python -m pipeline as-of``: JSON lines, or Delta tables, equal to the function's
+    answer; a time the tables do not hold is one error line and exit 2."""
+    for source, expected in (
+        ("history", history_as_of(histories, config.mirror_root, at)),
+        ("mirrors", mirrors_as_of(config.mirror_root, at)),
+    ):
+        printed = as_of_command(config, at, "--source", source)
+        assert printed.returncode == 0, printed.stderr
+        lines = [json.loads(line) for line in printed.stdout.splitlines()]
+        assert {line["table"] for line in lines} == {"accounts"}
+        rows = {r["row"]["account_id"]: r["row"] for r in lines}
+        wanted = expected.tables["accounts"].to_pylist()
+        assert set(rows) == {r["account_id"] for r in wanted}, source
+        for row in wanted:
+            shown = rows[row["account_id"]]
+            assert shown["balance"] == row["balance"], source
+            owner = row["owner"]
+            owner = base64.b64encode(owner).decode() if isinstance(owner, bytes) else owner
+            assert shown["owner"] == owner, source
+        summary = printed.stderr.strip().splitlines()[-1]
+        assert summary.startswith(f"ok: {source} as of {at}, consistent at "), summary
+
+        written = as_of_command(config, at, "--source", source, "--output", str(output / source))
+        assert written.returncode == 0, written.stderr
+        landed = DeltaTable(str(output / source / "accounts")).to_pyarrow_table()
+        assert as_rows(landed) == as_rows(expected.tables["accounts"]), source
+
+    refused = as_of_command(config, too_late)
+    assert refused.returncode == 2, refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "after the newest consistent batch" in line, line
 
 
 def _nanos(text: str) -> int:
