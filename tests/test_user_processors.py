@@ -2,7 +2,7 @@
 real ingest sink: the two examples beside the mirrors from one read of the change log, their
 output against a plain recomputation from the tables' states, their state kept across a
 deployment that evolves it (v2) and a refused one (v3), a column added and a STRING column
-turned BYTES reaching the typed feed."""
+turned BYTES (and back) reaching the typed feed."""
 
 from __future__ import annotations
 
@@ -270,8 +270,12 @@ def test_the_examples_run_beside_the_mirrors_evolve_and_a_breaking_change_is_ref
         k[0]: v["balance"] for k, v in bank.tables["accounts"].items()
     }
 
-    # A processor removed (its state deleted), then added again (starting afresh): the job
-    # goes on, and the running balance stays equal to its recomputation.
+    # A processor removed (its state deleted), then added again (starting afresh), while the
+    # BYTES column goes back to STRING: the job goes on, the running balance stays equal to its
+    # recomputation and the feed hands the column over as text again.
+    changelog.columns["all_types"] = (*ALL_TYPES, ALL_TYPES_LATER[-1])
+    bank.bytes_status = False
+    reverted = bank.commits[-1].text
     without_status = f"examples.bank:RunningBalanceV2,{FEED}"
     for step, processors_now in enumerate((without_status, V2)):
         written(changelog, bank, 1, added=True)
@@ -279,6 +283,13 @@ def test_the_examples_run_beside_the_mirrors_evolve_and_a_breaking_change_is_ref
         assert run(spark, now).batches >= 1, step
     expected = running_balance(bank.commits, first_is_snapshot=False)
     assert output_rows(processors, "running_balance", BALANCE_FIELDS) == sorted(expected, key=repr)
+    seen = DeltaTable(str(processors / "feed_types")).to_pyarrow_table().to_pylist()
+    after = {
+        (r["spark_type"], r["python_type"])
+        for r in seen
+        if r["column"] == "col_string" and r["commit_timestamp_text"] > reverted
+    }
+    assert after == {("string", "str")}, after
 
     for breaking, variable, field, rule in (
         (V3_BANK, "running_balance.account", "balance", "rename"),
