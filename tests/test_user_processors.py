@@ -214,6 +214,18 @@ def written(changelog: ChangeLog, bank: Bank, rounds: int, added: bool) -> None:
         changelog.land()
 
 
+def opened_bank(config: Any, rng: random.Random, rounds: int) -> tuple[ChangeLog, Bank]:
+    """Six accounts opened, then ``rounds`` rounds of the bank's traffic, landed."""
+    changelog = ChangeLog(
+        config.changelog_uri,
+        columns={"accounts": ACCOUNTS, "transfers": TRANSFERS, "all_types": ALL_TYPES},
+    )
+    bank = Bank(changelog, rng)
+    bank.open_accounts(6)
+    written(changelog, bank, rounds, added=False)
+    return changelog, bank
+
+
 def output_rows(root: Path, name: str, fields: tuple[str, ...]) -> list[Row]:
     rows = DeltaTable(str(root / name)).to_pyarrow_table().to_pylist()
     return sorted(({f: r[f] for f in fields} for r in rows), key=repr)
@@ -223,16 +235,9 @@ def test_the_examples_run_beside_the_mirrors_evolve_and_a_breaking_change_is_ref
     spark,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    rng = random.Random(3030)
     processors = tmp_path / "processors"
     config = configure(tmp_path, processors=V1, processor_root=str(processors))
-    changelog = ChangeLog(
-        config.changelog_uri,
-        columns={"accounts": ACCOUNTS, "transfers": TRANSFERS, "all_types": ALL_TYPES},
-    )
-    bank = Bank(changelog, rng)
-    bank.open_accounts(6)
-    written(changelog, bank, 4, added=False)
+    changelog, bank = opened_bank(config, random.Random(3030), rounds=4)
     assert run(spark, config).batches >= 1
 
     changelog.columns["all_types"] = ALL_TYPES_LATER
@@ -335,7 +340,6 @@ def test_a_batch_replayed_after_its_outputs_landed_changes_no_output(
     """A kill -9 after a batch wrote its outputs and before Spark committed it: the restart
     replays the batch from its offsets and state, and every table's Delta application
     transaction skips it, so no mirror, history or processor row changes or doubles."""
-    rng = random.Random(3131)
     processors = tmp_path / "processors"
     config = configure(
         tmp_path,
@@ -344,13 +348,7 @@ def test_a_batch_replayed_after_its_outputs_landed_changes_no_output(
         history_tables="*",
         history_root=str(tmp_path / "history"),
     )
-    changelog = ChangeLog(
-        config.changelog_uri,
-        columns={"accounts": ACCOUNTS, "transfers": TRANSFERS, "all_types": ALL_TYPES},
-    )
-    bank = Bank(changelog, rng)
-    bank.open_accounts(6)
-    written(changelog, bank, 3, added=False)
+    changelog, bank = opened_bank(config, random.Random(3131), rounds=3)
     assert run(spark, config).batches >= 1
     before = landed_outputs(config, processors)
 
