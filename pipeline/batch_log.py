@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from pipeline.merges import commit_properties, holds_batch
+from pipeline.merges import Logger, commit_once, commit_properties, holds_batch
 from runtime.storage import delta_storage_options
 
 BATCH_LOG = "_cdc_batches"
@@ -67,12 +67,18 @@ def commit_metadata(watermark_text: str | None, batch_id: int) -> dict[str, str]
     return {WATERMARK_KEY: json.dumps({"watermark": watermark_text, "batch_id": batch_id})}
 
 
-def record(mirror_root: str, landed: LandedBatch, app_id: str) -> None:
+def record(mirror_root: str, landed: LandedBatch, app_id: str, log: Logger) -> None:
     """Append the batch's row, once."""
+    uri = log_uri(mirror_root)
+    commit_once(BATCH_LOG, lambda: _append(uri, landed, app_id), landed.batch_id, log)
+    if landed.batch_id % COMPACT_EVERY == COMPACT_EVERY - 1:
+        commit_once(f"{BATCH_LOG} compaction", lambda: _compact(uri), landed.batch_id, log)
+
+
+def _append(uri: str, landed: LandedBatch, app_id: str) -> None:
     from deltalake import DeltaTable, write_deltalake
     from deltalake.exceptions import TableNotFoundError
 
-    uri = log_uri(mirror_root)
     options = delta_storage_options(uri)
     try:
         if holds_batch(DeltaTable(uri, storage_options=options), app_id, landed.batch_id):
@@ -96,10 +102,15 @@ def record(mirror_root: str, landed: LandedBatch, app_id: str) -> None:
         storage_options=options,
         commit_properties=commit_properties(app_id, landed.batch_id, None),
     )
-    if landed.batch_id % COMPACT_EVERY == COMPACT_EVERY - 1:
-        table = DeltaTable(uri, storage_options=options)
-        table.optimize.compact()
-        table.create_checkpoint()
+
+
+def _compact(uri: str) -> None:
+    """The log's small files into one (a compaction a lost answer left done does nothing)."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(uri, storage_options=delta_storage_options(uri))
+    table.optimize.compact()
+    table.create_checkpoint()
 
 
 def read(mirror_root: str) -> list[LandedBatch]:

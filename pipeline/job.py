@@ -329,6 +329,7 @@ class BatchLanding:
                 history_versions=result.history_versions,
             ),
             self._app_id,
+            self._log,
         )
         if batch_id >= 1 and not self._retired:
             retire_replaced(self._generation, self._log)
@@ -362,6 +363,7 @@ class BatchLanding:
                 self._app_id,
                 batch_id,
                 self._config.local_merge_max_rows,
+                self._log,
                 metadata,
             )
             self._metrics.processor_rows.labels(name).inc(appended)

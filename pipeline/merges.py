@@ -1,11 +1,12 @@
-"""How a micro-batch commits to a Delta table the job keeps (a mirror, a history): once.
+"""How a micro-batch commits to a Delta table the job keeps (a mirror, a history, the batch log,
+a processor's output): once.
 
 Each commit carries the batch's application transaction (job id and checkpoint id, batch id)
 as Delta's ``txn`` action (delta-spark's ``txnAppId``/``txnVersion`` session settings, delta-rs's
 ``CommitProperties.app_transactions``) and what the batch is consistent at in its commit info;
 a table that already holds the batch is skipped, whichever way wrote it. A MERGE names the
-batch's keys so it reads only the files that may hold them, and a conflict that left nothing
-committed is retried.
+batch's keys so it reads only the files that may hold them, and a conflict is retried: one that
+left nothing committed, or the batch's own commit whose answer the store lost.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import contextlib
 import functools
 import json
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import structlog
@@ -34,12 +35,14 @@ from pipeline.shapes import TableShape
 from runtime.storage import delta_storage_options
 
 Logger = structlog.typing.FilteringBoundLogger
+R = TypeVar("R")
 RETRYABLE_CONFLICTS = (
     "ConcurrentAppendException",
     "ConcurrentDeleteReadException",
     "CommitFailedError",
 )
-"""Conflicts that left nothing committed (delta-spark's, then delta-rs's): MERGE again."""
+"""Conflicts that left nothing committed, or only the batch's own commit (delta-spark's, then
+delta-rs's): commit again, after checking the table for the batch."""
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 LITERAL_KEYS_LIMIT = 1000
 """Up to this many keys the condition lists them; beyond, it bounds the first key column."""
@@ -189,19 +192,31 @@ def merge_each_table(
 ) -> None:
     """MERGE table by table, each retried after a conflict that left nothing committed."""
     for table in tables:
-        for attempt in Retrying(
-            retry=retry_if_exception(_is_retryable_conflict),
-            stop=stop_after_attempt(5),
-            wait=wait_exponential_jitter(multiplier=0.2, max=5),
-            before_sleep=functools.partial(_log_retry, log, table, batch_id),
-            reraise=True,
-        ):
-            with attempt:
-                merge(table)
+        commit_once(table, functools.partial(merge, table), batch_id, log)
+
+
+def commit_once(table: str, commit: Callable[[], R], batch_id: int, log: Logger) -> R:
+    """A batch's commit to one table, retried after a conflict.
+
+    The conflict may be the batch's own commit whose answer the store lost: the store took the
+    log file, delta-rs's retry of the put finds that version taken by a commit carrying the same
+    ``txn`` and reports a concurrent transaction. ``commit`` therefore first checks whether the
+    table holds the batch (``holds_batch``), and returns without writing when it does.
+    """
+    for attempt in Retrying(
+        retry=retry_if_exception(_is_retryable_conflict),
+        stop=stop_after_attempt(5),
+        wait=wait_exponential_jitter(multiplier=0.2, max=5),
+        before_sleep=functools.partial(_log_retry, log, table, batch_id),
+        reraise=True,
+    ):
+        with attempt:
+            return commit()
+    raise AssertionError("tenacity returns or raises")
 
 
 def _log_retry(
     log: structlog.typing.FilteringBoundLogger, table: str, batch_id: int, state: RetryCallState
 ) -> None:
     cause = str(state.outcome.exception())[:200] if state.outcome else None
-    log.warning("mirror_merge_retry", table=table, batch_id=batch_id, cause=cause)
+    log.warning("batch_commit_retry", table=table, batch_id=batch_id, cause=cause)

@@ -22,6 +22,7 @@ from pipeline.state.checkpoint import (
     CheckpointLockLost,
 )
 from runtime.conditional import ConditionalObject, VersionChanged
+from runtime.storage import delta_storage_options
 from tests.object_stores import S3Store, minio
 from tests.store_faults import FaultRates, StoreFaults
 from tests.test_sink import COMMIT, point, transactions
@@ -255,3 +256,44 @@ def test_a_snapshot_file_whose_completed_upload_lost_its_answer_is_kept(
     assert proxy.counts["lost_answer"] >= 1, proxy.counts
     assert [f.rows for f in files] == [200] and files[0].size > 20 << 20
     assert read_keys(uri, files) == [k for k, _ in rows]
+
+
+def test_a_batch_s_own_commit_whose_answer_was_lost_is_recognised_not_failed(
+    s3: S3Store, spark: Any, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Half the answers to Delta log puts are cut after MinIO took the put. delta-rs's retry of
+    the put then finds the version taken by a commit with the batch's own ``txn`` and reports a
+    concurrent transaction (CI saw the pipeline exit on it recording the batch log); the job
+    finds its batch there and goes on, and nothing lands twice."""
+    from pyspark.sql import types as T
+
+    from pipeline import batch_log
+    from pipeline.user_processors.outputs import append_batch, ensure_output
+    from runtime.logs import null_logger
+
+    root = s3.uri(f"test-{uuid.uuid4().hex}")
+    for name, value in s3.environment().items():
+        monkeypatch.setenv(name, value)
+    schema = T.StructType([T.StructField("n", T.LongType())])
+    output = f"{root}/processors/counts"
+    ensure_output(output, schema, "counts", null_logger())
+    batch_log.record(root, batch_log.LandedBatch(0, 0, 0, None, False, None), "job", null_logger())
+
+    log_puts = FaultRates(lost_answer=0.5, methods=("PUT",), path=r"_delta_log/")
+    proxy = StoreFaults(s3.endpoint, log_puts, seed=3).start()
+    request.addfinalizer(proxy.stop)
+    for name, value in s3.environment(proxy.address).items():
+        monkeypatch.setenv(name, value)
+    batches = range(1, 9)
+    for batch_id in batches:
+        landed = batch_log.LandedBatch(batch_id, 0, batch_id, None, False, None)
+        batch_log.record(root, landed, "job", null_logger())
+        rows = spark.createDataFrame([(batch_id,), (batch_id * 10,)], schema)
+        append_batch(rows, output, "job", batch_id, 1000, null_logger())
+    assert proxy.counts["lost_answer"] >= 4, proxy.counts
+
+    assert [b.batch_id for b in batch_log.read(root)] == [0, *batches]
+    table = DeltaTable(output, storage_options=delta_storage_options(output))
+    assert sorted(r["n"] for r in table.to_pyarrow_table().to_pylist()) == sorted(
+        [*batches, *(b * 10 for b in batches)]
+    )

@@ -13,7 +13,13 @@ import structlog
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
-from pipeline.merges import commit_properties, holds_batch, table_version, utc_timestamps
+from pipeline.merges import (
+    commit_once,
+    commit_properties,
+    holds_batch,
+    table_version,
+    utc_timestamps,
+)
 from pipeline.mirror import create_mirror
 from runtime.errors import BadInput
 from runtime.storage import delta_storage_options
@@ -63,10 +69,27 @@ def append_batch(
     app_id: str,
     batch_id: int,
     max_rows_on_driver: int,
+    log: Logger,
     metadata: Mapping[str, str] | None = None,
 ) -> tuple[int, int]:
     """Append one batch's output rows once: the table's version holding them, and how many
-    this call appended (none when the table held the batch already)."""
+    this call appended (none when the table held the batch already, a lost answer included)."""
+    return commit_once(
+        f"output {uri.rstrip('/').rsplit('/', 1)[-1]}",
+        lambda: _append(rows, uri, app_id, batch_id, max_rows_on_driver, metadata),
+        batch_id,
+        log,
+    )
+
+
+def _append(
+    rows: DataFrame,
+    uri: str,
+    app_id: str,
+    batch_id: int,
+    max_rows_on_driver: int,
+    metadata: Mapping[str, str] | None,
+) -> tuple[int, int]:
     from deltalake import DeltaTable, write_deltalake
 
     options = delta_storage_options(uri)
