@@ -7,16 +7,23 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+import pytest
 from deltalake import DeltaTable
+from pyspark.sql import types as T
 
 from ingest.model.records import ColumnType
 from pipeline.config import PipelineConfig
+from pipeline.job import PipelineFailed
 from pipeline.mirror import KEYS_COLUMN, POSITION_COLUMN, mirror_uri
 from pipeline.rebase import rebase_on_demand, starting_version
 from pipeline.state import cut, generations
 from pipeline.state.registry import SchemaRegistry
+from pipeline.user_processors import Change, ChangeProcessor, State, Value
+from runtime.errors import BadInput
 from runtime.logs import null_logger
 from tests.builders import ChangeLog
 from tests.pipeline_runs import configure, mirror_rows, run
@@ -126,3 +133,63 @@ def test_a_generation_that_never_committed_a_batch_is_rebased_from_where_it_star
     assert starting_version(config, rebased) == 7
     cut.record(config.mirror_root, cut.Cut(11, 3, 0))
     assert starting_version(config, rebased) == 11
+
+
+class ChangeCount(ChangeProcessor):
+    """Changes seen per account: state a rebase from the mirrors could not rebuild."""
+
+    name = "change_count"
+    tables = ("accounts",)
+    group_by = {"accounts": ("account_id",)}
+    state = {"seen": Value(T.StructType([T.StructField("changes", T.LongType())]))}
+    output = T.StructType(
+        [T.StructField("account_id", T.StringType()), T.StructField("changes", T.LongType())]
+    )
+
+    def process(
+        self, group: str | None, changes: Sequence[Change], state: State
+    ) -> Iterator[dict[str, Any]]:
+        seen = state.value("seen").get() or {"changes": 0}
+        seen["changes"] += len(changes)
+        state.value("seen").set(seen)
+        yield {"account_id": group, "changes": seen["changes"]}
+
+
+def test_with_processors_the_job_stops_at_the_evolution_limit_and_a_rebase_is_refused(
+    spark, tmp_path: Path
+) -> None:
+    """A rebase seeds state from the mirrors only, so with processors configured it would start
+    their state over: the job stops at Spark's limit, the processors' output and state as they
+    were, and ``python -m pipeline rebase`` refuses."""
+    processors = tmp_path / "processors"
+    config = configure(
+        tmp_path,
+        max_evolutions_per_variable=3,
+        processors="tests.test_rebase:ChangeCount",
+        processor_root=str(processors),
+    )
+    changelog = ChangeLog(config.changelog_uri)
+    seed_accounts(changelog)
+    output = processors / "change_count"
+    spark.conf.set(THRESHOLD, "3")
+    try:
+        run(spark, config)
+        landed = DeltaTable(str(output)).to_pyarrow_table().to_pylist()
+        with pytest.raises(PipelineFailed) as stopped:
+            for number in range(1, 7):
+                add_column(changelog, number)
+                run(spark, config)
+                landed = DeltaTable(str(output)).to_pyarrow_table().to_pylist()
+        assert number <= 3, "Spark allows two evolutions of a variable at threshold 3"
+    finally:
+        spark.conf.set(THRESHOLD, PipelineConfig().max_evolutions_per_variable)
+    assert "a rebase would start the processors' state over" in str(stopped.value)
+    assert "max_evolutions_per_variable" in str(stopped.value)
+    assert generations.current(config.checkpoint_uri).number == 0, "no rebase was taken"
+    assert DeltaTable(str(output)).to_pyarrow_table().to_pylist() == landed
+    assert max(r["changes"] for r in landed if r["account_id"] == "1") == number, (
+        "the count kept across deployments: one insert and every column's update but the last"
+    )
+    with pytest.raises(BadInput, match="rebase: the job runs user processors"):
+        rebase_on_demand(config, null_logger(), lambda: spark, "asked")
+    assert generations.current(config.checkpoint_uri).number == 0
