@@ -22,8 +22,9 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from emulator.verify import latest_checkpoint
+from emulator.workload import CommittedTransaction
 from ingest.contract.changelog import SCHEMA_ROW
-from ingest.model.timestamps import parse_rfc3339, to_rfc3339
+from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
 from tests.delta_checks import assert_change_log_invariants
 from tests.processes import (
     Service,
@@ -50,6 +51,23 @@ EXPOSED = "start recorded, no row landed"
 """A kill after the job recorded its start and before its first data commit."""
 MIN_AT_STAKE = 5
 """Commits between the recorded start and the restart after the first exposed kill."""
+
+
+def wait_until_at_stake(
+    committed: list[CommittedTransaction], job_start: Nanos, timeout: float = 60
+) -> None:
+    """Until ``MIN_AT_STAKE`` transactions committed at or after the recorded start, before this
+    host's now: what the test checks later, counted the same way. A wait on the list's growth
+    let a CI run restart with 1 transaction at stake, after the emulator had committed nothing
+    for 2.4 s following the job's start (how the list's count missed it was not established)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        since = [t.commit_timestamp for t in committed if t.commit_timestamp >= job_start]
+        if len(since) >= MIN_AT_STAKE and time.time_ns() > max(since):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{len(since)} transactions committed since the recorded start")
+        time.sleep(0.1)
 
 
 @pytest.mark.emulator
@@ -98,8 +116,7 @@ def test_a_new_job_killed_before_its_first_commit_loses_nothing(
             # far below its rate (CI once had 4 commits in that window).
             checkpoint = latest_checkpoint(str(table))
             assert checkpoint is not None and checkpoint.job_start is not None
-            before = sum(t.commit_timestamp < checkpoint.job_start for t in committed)
-            wait_until_committed(committed, before + MIN_AT_STAKE, timeout=60)
+            wait_until_at_stake(committed, checkpoint.job_start)
 
     try:
         # On a loaded machine the workload's first commit can come late; a job that started
