@@ -190,7 +190,7 @@ def _is_retryable_conflict(error: BaseException) -> bool:
 def merge_each_table(
     tables: list[str], merge: Callable[[str], object], batch_id: int, log: Logger
 ) -> None:
-    """MERGE table by table, each retried after a conflict that left nothing committed."""
+    """MERGE table by table, each through ``commit_once``."""
     for table in tables:
         commit_once(table, functools.partial(merge, table), batch_id, log)
 
