@@ -43,8 +43,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runtime.process import PROCESS_ENVIRONMENT
+
 os.environ.pop("SPANNER_EMULATOR_HOST", None)
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+os.environ.update(PROCESS_ENVIRONMENT)  # it forks after using gRPC: runtime/process.py
 
 from decode_speed import in_place_of, production_record
 from wide_reader import serve

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from runtime.process import PROCESS_ENVIRONMENT
+
 os.environ.pop("SPANNER_EMULATOR_HOST", None)
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+os.environ.update(PROCESS_ENVIRONMENT)  # it forks after using gRPC: runtime/process.py
 
 from ingest.changestream.config import ReaderConfig
 from ingest.changestream.reader import ChangeStreamReader

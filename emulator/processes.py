@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from runtime.process import PROCESS_ENVIRONMENT
+
 
 def terminate(process: subprocess.Popen[Any], timeout: float) -> None:
     """SIGTERM, then kill -9 if it has not exited within ``timeout`` seconds."""
@@ -27,9 +29,12 @@ class Process:
     """Starts processes of one command with one environment, all logging to one file."""
 
     def __init__(self, argv: list[str], log: Path, env: dict[str, str]) -> None:
+        """The caller's environment and ``env``, less what the caller's own preparation set:
+        the product's processes set that themselves, as they must for a user."""
         self.argv = argv
         self.log = log
-        self.env = {**os.environ, **env}
+        inherited = {k: v for k, v in os.environ.items() if k not in PROCESS_ENVIRONMENT}
+        self.env = {**inherited, **env}
 
     def command(self, *extra: str) -> list[str]:
         return [sys.executable, *self.argv, *extra]

@@ -1,5 +1,16 @@
+"""``python -m ingest`` and the ``spanner-cdc-ingest`` script."""
+
 import sys
 
-from ingest.service.cli import main
+from runtime.process import prepare
 
-sys.exit(main())
+
+def main() -> int:
+    prepare()  # before grpc loads (runtime/process.py): the command line imports the client
+    from ingest.service.cli import main as command_line
+
+    return command_line()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,8 @@
 """Tests. Their processes talk gRPC (the Spanner client, the scripted server) and then start
-subprocesses (Spark's JVM, the product's services): gRPC's fork handlers are turned off before
-grpc loads, see ``emulator/__init__.py``."""
+subprocesses (Spark's JVM, the product's services), so they prepare themselves as the product's
+entry points do (``runtime/process.py``); the product's processes they start get an environment
+without what that sets (``emulator.processes.Process``), so each sets it itself."""
 
-import os
+from runtime.process import prepare
 
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+prepare()

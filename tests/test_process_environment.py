@@ -1,0 +1,86 @@
+"""The product's processes set what they need themselves: a user's environment has nothing a
+test harness would set (issue 41: ``spark-run`` died at start in users' environments while the
+suite, which had set ``GRPC_ENABLE_FORK_SUPPORT`` for every process it started, never did)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from emulator.processes import Process
+from runtime.process import PROCESS_ENVIRONMENT
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = """
+import importlib.abc, os, sys
+seen = {}
+class Watch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name in ("grpc", "pyspark") and name not in seen:
+            seen[name] = {k: os.environ.get(k) for k in KEYS}
+        return None
+sys.meta_path.insert(0, Watch())
+sys.argv = [PACKAGE, *ARGS]
+import runpy
+try:
+    runpy.run_module(PACKAGE, run_name="__main__")
+except SystemExit:
+    pass
+print(repr(seen))
+print(repr({k: os.environ.get(k) for k in KEYS}))
+"""
+
+
+def clean_environment() -> dict[str, str]:
+    """What a user's shell has: none of the variables the product sets for itself."""
+    return {k: v for k, v in os.environ.items() if k not in PROCESS_ENVIRONMENT}
+
+
+@pytest.mark.parametrize(
+    "package, args, loads",
+    [
+        ("ingest", ["spark-run", "--help"], "grpc"),
+        ("ingest", ["run", "--help"], "grpc"),
+        ("pipeline", ["run", "--help"], None),
+    ],
+)
+def test_each_entry_point_prepares_its_process_before_grpc_loads(
+    package: str, args: list[str], loads: str | None
+) -> None:
+    script = (
+        f"KEYS = {sorted(PROCESS_ENVIRONMENT)!r}\nPACKAGE = {package!r}\nARGS = {args!r}\n"
+        + PROBE
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=clean_environment(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    at_import, at_exit = (eval(line) for line in done.stdout.strip().splitlines()[-2:])
+    assert at_exit == PROCESS_ENVIRONMENT
+    if loads is not None:
+        assert at_import[loads] == PROCESS_ENVIRONMENT, f"{loads} loaded before the preparation"
+
+
+def test_harnesses_start_the_product_without_what_it_sets_itself() -> None:
+    """Tests, the sample tools and benchmarks prepare their own processes the product's way
+    and never hand that on: only ``runtime/process.py`` names the variables."""
+    started = Process(["-m", "ingest", "run"], Path(os.devnull), {"SPANNER_DATABASE": "db"})
+    assert not PROCESS_ENVIRONMENT.keys() & started.env.keys()
+    naming = [
+        str(path.relative_to(ROOT))
+        for folder in ("tests", "emulator", "bench", "ingest", "pipeline", "runtime", "examples")
+        for path in (ROOT / folder).rglob("*.py")
+        if path not in (ROOT / "runtime" / "process.py", Path(__file__))
+        for name in PROCESS_ENVIRONMENT
+        if name in path.read_text()
+    ]
+    assert naming == []
