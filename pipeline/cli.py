@@ -35,21 +35,33 @@ OPTION_FLAGS = {
     "processors": "processors",
     "processor_root": "processor_root",
 }
+COMMANDS = {
+    "run": ("run the streaming job", tuple(OPTION_FLAGS)),
+    "check-state-schema": (
+        "check the state schemas against the recorded ones",
+        ("changelog", "checkpoint", "confirmed_drops", "processors"),
+    ),
+    "rebase": (
+        "seed a new state generation from the mirrors (the job must be stopped)",
+        ("changelog", "mirrors", "checkpoint", "master", "processors"),
+    ),
+    "as-of": (
+        "every captured table as it was at a Spanner time",
+        ("mirrors", "history_tables", "history_root"),
+    ),
+}
+"""Each command with its help line and the options it reads (its --help lists only those)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m pipeline", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, text in (
-        ("run", "run the streaming job"),
-        ("check-state-schema", "check the state schemas against the recorded ones"),
-        ("rebase", "seed a new state generation from the mirrors (the job must be stopped)"),
-        ("as-of", "every captured table as it was at a Spanner time"),
-    ):
+    for name, (text, flags) in COMMANDS.items():
         command = commands.add_parser(name, help=text)
         command.add_argument("--config", help="TOML file (also PIPELINE_CONFIG_FILE)")
-        for flag in OPTION_FLAGS:
-            command.add_argument(f"--{flag.replace('_', '-')}", dest=flag)
+        for flag in flags:
+            variable = config_module.ENVIRONMENT[OPTION_FLAGS[flag]]
+            command.add_argument(f"--{flag.replace('_', '-')}", dest=flag, help=f"or {variable}")
         if name == "as-of":
             command.add_argument("timestamp", help="RFC 3339, e.g. 2026-11-25T08:00:00.5Z")
             command.add_argument(
@@ -68,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 def load_config(arguments: argparse.Namespace) -> config_module.PipelineConfig:
     environ = dict(os.environ)
     for flag, option in OPTION_FLAGS.items():
-        value = getattr(arguments, flag)
+        value = getattr(arguments, flag, None)
         if value is not None:
             environ[config_module.ENVIRONMENT[option]] = value
     return config_module.load(environ, arguments.config)

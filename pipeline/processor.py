@@ -43,6 +43,9 @@ LAST_APPLIED_COLUMN = "last_applied"
 VALID_FROM, VALID_FROM_TEXT = "_valid_from", "_valid_from_text"
 VALID_TO, VALID_TO_TEXT = "_valid_to", "_valid_to_text"
 FIRST_CHANGE, FIRST_CHANGE_TEXT = "_cdc_first_change", "_cdc_first_change_text"
+_LOCAL_TIMESTAMP = T.TimestampType()
+"""Layout 2 kept TIMESTAMP as Spark's timestamp, which PySpark hands back naive in local time;
+its ``toInternal`` turns that back into the epoch microseconds layout 4 keeps."""
 INPUT_COLUMNS = [
     "table_name",
     "keys",
@@ -372,8 +375,17 @@ class ChangeApplier(StatefulProcessor):
         marker = _read(self.legacy_states["last_applied"], LAST_APPLIED)
         stats = _read(self.legacy_states["change_stats"], CHANGE_STATS)
         fields = set(self.image_fields[table])
+        timestamps = {
+            f.name
+            for f in self.legacy[row_variable(table)].fields
+            if isinstance(f.dataType, T.TimestampType)
+        }
         return _Entry(
-            {name: value for name, value in image.items() if name in fields},
+            {
+                name: _LOCAL_TIMESTAMP.toInternal(value) if name in timestamps else value
+                for name, value in image.items()
+                if name in fields
+            },
             None if marker is None else position(marker),
             stats or dict.fromkeys(CHANGE_STATS.fieldNames()),
             "legacy",
@@ -487,8 +499,23 @@ def _add_version(
     if versions and versions[-1][0]["commit_timestamp_text"] == row["commit_timestamp_text"]:
         versions.pop()
     previous = versions[-1][1] if versions else before_batch
-    if image != previous:
+    if not same_image(image, previous):
         versions.append((row, None if image is None else dict(image)))
+
+
+def same_image(first: dict[str, Any] | None, second: dict[str, Any] | None) -> bool:
+    """Whether two state images hold the same row: value by value, NaN equal to itself (a
+    FLOAT64 NaN written again changes nothing)."""
+    if first is None or second is None:
+        return first is second
+    names = first.keys() | second.keys()
+    return all(_same_value(first.get(name), second.get(name)) for name in names)
+
+
+def _same_value(first: Any, second: Any) -> bool:
+    if isinstance(first, float) and isinstance(second, float):
+        return first == second or (first != first and second != second)
+    return bool(first == second)
 
 
 def mirror_row(shape: TableShape, image: dict[str, Any]) -> dict[str, Any]:

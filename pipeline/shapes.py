@@ -15,7 +15,7 @@ from pyspark.sql import types as T
 
 from ingest.contract.changelog import SCHEMA_ROW, parse_column_types
 from ingest.model.records import ColumnType
-from pipeline.types import spark_type, state_type
+from pipeline.types import generation_label, labelled_state_type, spark_type, state_type
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +190,8 @@ class Interval:
 
 
 Label = T.DataType | None
-"""A column's state type in a run of rows, or None where rows listing every column lack it."""
+"""A column's ``generation_label`` in a run of rows, or None where rows listing every column
+lack it."""
 Source = tuple[str, bool, bool]
 """Rows with one (``column_types`` text, every_column, schema) in an interval."""
 Resolver = Callable[[str, str, dict[Source, Label]], list[tuple[str, Label]]]
@@ -237,8 +238,12 @@ def merge_shapes(
                 (
                     name,
                     tuple(
-                        Generation(generation_field(name, n), kind, "" if n == 1 else since)
-                        for n, (since, kind) in enumerate(lives, 1)
+                        Generation(
+                            generation_field(name, n),
+                            labelled_state_type(label),
+                            "" if n == 1 else since,
+                        )
+                        for n, (since, label) in enumerate(lives, 1)
                     ),
                 )
             )
@@ -280,7 +285,7 @@ class _Seen:
                 for column in listed:
                     known[column.name] = column
                     seen.spans.setdefault((table, column.name), []).append(
-                        _Span(interval.first, interval.last, state_type(column.type), source)
+                        _Span(interval.first, interval.last, generation_label(column.type), source)
                     )
             if interval.every_column:
                 names = frozenset(c.name for c in listed)

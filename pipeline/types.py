@@ -41,19 +41,37 @@ def spark_type(spanner_type: dict[str, Any]) -> T.DataType:
 
 
 def state_type(spanner_type: dict[str, Any]) -> T.DataType:
-    """How the row image keeps a column in state (state layout 2).
+    """How the row image keeps a column in state (state layout 4).
 
     STRING and BYTES are both kept as bytes (STRING as UTF-8, as Spanner converts them), so a
     STRING↔BYTES change never touches state and rows of either type apply to the same field.
     Arrays are kept as JSON text: Spark's Avro state encoding refuses NULL array elements, which
-    Spanner allows in every array type.
+    Spanner allows in every array type. TIMESTAMP is kept as epoch microseconds (the same Avro
+    long as Spark's timestamp): PySpark reads a timestamp back through the host's local time,
+    which fails within a day of years 1 and 9999.
     """
     code = spanner_type.get("code")
     if code == "ARRAY":
         return T.StringType()
     if code in _TEXT_OR_BYTES:
         return T.BinaryType()
+    if code == "TIMESTAMP":
+        return T.LongType()
     return spark_type(spanner_type)
+
+
+def generation_label(spanner_type: dict[str, Any]) -> T.DataType:
+    """What tells a column's generations apart: its state type, but a TIMESTAMP's own (INT64
+    and TIMESTAMP share bigint in state, yet Spanner keeps no value across a drop and a re-add
+    from one to the other, so each needs a field of its own)."""
+    if spanner_type.get("code") == "TIMESTAMP":
+        return T.TimestampType()
+    return state_type(spanner_type)
+
+
+def labelled_state_type(label: T.DataType) -> T.DataType:
+    """The state type of a generation's label (``generation_label``)."""
+    return T.LongType() if isinstance(label, T.TimestampType) else label
 
 
 def is_mapped(spanner_type: dict[str, Any]) -> bool:

@@ -46,6 +46,8 @@ def state_value(spanner_type: dict[str, Any], value: Any) -> Any:
         )
     if code == "STRING":
         return value.encode()
+    if code == "TIMESTAMP":
+        return parse_rfc3339(value) // 1000
     return spark_value(spanner_type, value)
 
 
@@ -74,7 +76,14 @@ def mirror_value(spanner_type: dict[str, Any], stored: Any) -> Any:
         return bytes(stored).decode()
     if code == "BYTES":
         return bytes(stored)
+    if code == "TIMESTAMP":
+        return from_micros(stored)
     return stored
+
+
+def from_micros(micros: int) -> dt.datetime:
+    """Epoch microseconds (a TIMESTAMP in state) as an aware UTC datetime, at any year."""
+    return _EPOCH + dt.timedelta(microseconds=micros)
 
 
 def _element_mirror(element_type: dict[str, Any], item: Any) -> Any:
@@ -91,7 +100,8 @@ def _element_mirror(element_type: dict[str, Any], item: Any) -> Any:
 def state_from_seed(spanner_type: dict[str, Any], value: Any) -> Any:
     """A mirror value as state keeps it: a rebase seeds state from the mirrors. The seed
     carries timestamps as epoch microseconds (Spark's ``unix_micros``, exact at any year and
-    in any time zone); ``mirror_value`` of the result is the mirror's value again."""
+    in any time zone), as state keeps them; ``mirror_value`` of the result is the mirror's value
+    again."""
     if value is None:
         return None
     code = spanner_type.get("code")
@@ -102,8 +112,6 @@ def state_from_seed(spanner_type: dict[str, Any], value: Any) -> Any:
         return str(value).encode()
     if code == "BYTES":
         return bytes(value)
-    if code == "TIMESTAMP":
-        return _EPOCH + dt.timedelta(microseconds=value)
     return value
 
 

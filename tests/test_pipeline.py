@@ -4,6 +4,7 @@ mirrors, replays, source-driven evolution, the open-source evolution bug, the ch
 from __future__ import annotations
 
 import base64
+import datetime
 import functools
 import json
 import re
@@ -39,6 +40,12 @@ BRANCHES = (
     ColumnType("city", {"code": "STRING"}, False, 2),
 )
 LAYOUT_2 = Path(__file__).parent / "fixtures" / "layout2"
+LAYOUT_3 = Path(__file__).parent / "fixtures" / "layout3"
+EVENTS = (
+    ColumnType("event_id", {"code": "INT64"}, True, 1),
+    ColumnType("at", {"code": "TIMESTAMP"}, False, 2),
+    ColumnType("note", {"code": "STRING"}, False, 3),
+)
 
 
 def seed(changelog: ChangeLog) -> None:
@@ -666,11 +673,11 @@ def test_max_restarts_counts_restarts_without_a_batch_between_them(
         assert next(starts, "exhausted") == [*batches_between, "exhausted"][gives_up_after]
 
 
-def layout_2_checkpoint(tmp_path: Path) -> job.PipelineConfig:
-    """A copy of the last layout-2 version's change log, checkpoint and mirrors
-    (tests/fixtures/make_layout2_checkpoint.py). Spark's state metadata names its schema files by
+def layout_2_checkpoint(tmp_path: Path, fixture: Path = LAYOUT_2) -> job.PipelineConfig:
+    """A copy of an older version's change log, checkpoint and mirrors
+    (tests/fixtures/make_layout*_checkpoint.py). Spark's state metadata names its schema files by
     absolute path: the copy's are rewritten, and their checksums dropped."""
-    shutil.copytree(LAYOUT_2, tmp_path, dirs_exist_ok=True)
+    shutil.copytree(fixture, tmp_path, dirs_exist_ok=True)
     for path in (tmp_path / "checkpoint/state/0/_metadata/v2").iterdir():
         if path.name.startswith("."):
             path.unlink()
@@ -702,7 +709,7 @@ def test_a_layout_2_checkpoint_moves_into_entries_key_by_key(spark, tmp_path: Pa
     run(spark, config)
     assert mirror_rows(spark, config) == kept
     history = SchemaRegistry(config.checkpoint_uri).history()
-    assert [d.layout for d in history] == [2, 2, 3]
+    assert [d.layout for d in history] == [2, 2, 4]
     assert {"row_accounts", "row_branches", "last_applied", "change_stats"} <= set(
         history[-1].schemas
     )
@@ -744,3 +751,43 @@ def test_a_layout_2_checkpoint_moves_into_entries_key_by_key(spark, tmp_path: Pa
         **moved,
         1: {"account_id": 1, "owner": "anna", "balance": 11, "email": None},
     }
+
+
+def test_a_layout_3_checkpoint_keeps_timestamps_and_any_year_reads_back(spark, tmp_path: Path):
+    """Layout 4 keeps TIMESTAMP in state as epoch microseconds: a layout-3 entry (Spark's
+    timestamp, the same Avro long) evolves in place and keeps its values, and Spanner's first
+    and last instants read back from state (PySpark's timestamp read failed within a day of
+    them: "year 0 is out of range", and every restart failed the same way)."""
+    config = layout_2_checkpoint(tmp_path, LAYOUT_3)
+    changelog = ChangeLog(
+        config.changelog_uri,
+        columns={"events": EVENTS},
+        clock=START + 10**12,
+        value_capture_type="NEW_VALUES",
+    )
+    changelog.commit(
+        ("events", "UPDATE", {"event_id": "1"}, {"note": "a2"}),
+        ("events", "UPDATE", {"event_id": "2"}, {"at": "0001-01-01T00:00:00Z"}),
+        ("events", "INSERT", {"event_id": "4"}, {"at": "9999-12-31T23:59:59.999999Z"}),
+    )
+    changelog.land()
+    run(spark, config)
+    changelog.commit(
+        ("events", "UPDATE", {"event_id": "2"}, {"note": "b2"}),
+        ("events", "UPDATE", {"event_id": "4"}, {"note": "d2"}),
+    )
+    changelog.land()
+    run(spark, config)
+
+    rows = {
+        r["event_id"]: (r["at"], r["note"])
+        for r in scan(DeltaTable(mirror_uri(config.mirror_root, "events"))).to_pylist()
+    }
+    utc = datetime.UTC
+    assert rows == {
+        1: (datetime.datetime(2026, 11, 22, 10, 11, 12, 123456, tzinfo=utc), "a2"),
+        2: (datetime.datetime(1, 1, 1, tzinfo=utc), "b2"),
+        4: (datetime.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=utc), "d2"),
+    }
+    history = SchemaRegistry(config.checkpoint_uri).history()
+    assert [d.layout for d in history] == [3, 4]

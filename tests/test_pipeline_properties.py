@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ingest.model.records import ColumnType
-from pipeline.types import state_type
+from pipeline.types import generation_label
 from tests.builders import ChangeLog
 from tests.pipeline_runs import processed_three_ways
 
@@ -132,7 +132,7 @@ class Spanner:
 
 
 def _kind(type_name: str) -> str:
-    return state_type(TYPES[type_name]).simpleString()
+    return generation_label(TYPES[type_name]).simpleString()
 
 
 @st.composite

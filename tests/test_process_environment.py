@@ -52,8 +52,7 @@ def test_each_entry_point_prepares_its_process_before_grpc_loads(
     package: str, args: list[str], loads: str | None
 ) -> None:
     script = (
-        f"KEYS = {sorted(PROCESS_ENVIRONMENT)!r}\nPACKAGE = {package!r}\nARGS = {args!r}\n"
-        + PROBE
+        f"KEYS = {sorted(PROCESS_ENVIRONMENT)!r}\nPACKAGE = {package!r}\nARGS = {args!r}\n" + PROBE
     )
     done = subprocess.run(
         [sys.executable, "-c", script],

@@ -19,6 +19,8 @@ import fastavro
 import pytest
 from google.api_core.datetime_helpers import DatetimeWithNanoseconds
 from google.cloud.spanner_v1.data_types import JsonObject
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark.sql import types as T
 
 from emulator.verify import canonical
@@ -240,7 +242,8 @@ def test_state_schemas_follow_the_spanner_type_mapping() -> None:
     schemas = state_schemas(shapes)
     row = image_of(schemas["entry_t"])
     # State layout 2: STRING kept as bytes (STRING↔BYTES never touches state), arrays as JSON
-    # text (Spark's Avro state refuses NULL elements).
+    # text (Spark's Avro state refuses NULL elements); layout 4: TIMESTAMP as epoch microseconds
+    # (PySpark reads a timestamp back in local time, which fails near years 1 and 9999).
     assert [f.dataType.simpleString() for f in row.fields] == [
         "bigint",
         "double",
@@ -249,7 +252,7 @@ def test_state_schemas_follow_the_spanner_type_mapping() -> None:
         "binary",
         "binary",
         "date",
-        "timestamp",
+        "bigint",
         "decimal(38,9)",
         "string",
         "string",
@@ -440,8 +443,132 @@ def test_a_layout_1_checkpoint_is_refused_with_one_line_on_how_to_rebuild() -> N
             "*",
             "",
             "state layout changed",
-            "the checkpoint was recorded with state layout 1, this version reads layouts 2 to 3 "
+            "the checkpoint was recorded with state layout 1, this version reads layouts 2 to 4 "
             "(STRING as bytes, arrays as JSON text); rebuild the mirrors from the change log "
             "(docs/operations.md, Replay)",
         )
     ]
+
+
+ALLOWED_CHANGES = {
+    ("int", "bigint"),
+    ("int", "float"),
+    ("int", "double"),
+    ("bigint", "float"),
+    ("bigint", "double"),
+    ("float", "double"),
+    ("string", "binary"),
+    ("binary", "string"),
+    ("timestamp", "bigint"),
+}
+"""Spark's Avro widenings, STRING↔BYTES, and a timestamp read as its epoch microseconds."""
+FIELD_TYPES = [T.IntegerType(), T.LongType(), T.DoubleType(), T.StringType(), T.BinaryType()]
+FIELD_TYPES += [T.BooleanType(), T.TimestampType()]
+
+
+def expected_refusals(
+    accepted: list[dict[str, T.StructField]], new: dict[str, T.StructField], confirmed: set[str]
+) -> set[tuple[str, str]]:
+    """Seed 004's rules over a whole history, written out flat: (field, rule) pairs."""
+    last = accepted[-1]
+    ever = {name for schema in accepted for name in schema}
+    refusals = set()
+    for name, field in new.items():
+        before = last.get(name)
+        if before is not None:
+            pair = (before.dataType.simpleString(), field.dataType.simpleString())
+            if pair[0] != pair[1] and pair not in ALLOWED_CHANGES:
+                narrowing = pair[::-1] in ALLOWED_CHANGES and pair[1] != "timestamp"
+                rule = "narrowing" if narrowing else "type change"
+                refusals.add((name, rule))
+            continue
+        if not field.nullable:
+            refusals.add((name, "added field without a default"))
+        if name in ever and name not in confirmed:
+            refusals.add((name, "re-added after removal"))
+    added_types = {f.dataType for n, f in new.items() if n not in last}
+    for name, field in last.items():
+        if name not in new and field.dataType in added_types and name not in confirmed:
+            refusals.add((name, "rename"))
+    return refusals
+
+
+deployment_fields = st.dictionaries(
+    st.sampled_from(["p", "q", "r", "s"]),
+    st.tuples(st.sampled_from(FIELD_TYPES), st.booleans() | st.just(True)),
+    min_size=1,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(deployment_fields, min_size=3, max_size=6),
+    st.sets(st.sampled_from(["p", "q", "r", "s"])),
+)
+def test_the_gate_over_deployment_histories_follows_seed_004(
+    deployments: list[dict[str, tuple[T.DataType, bool]]], confirmed: set[str]
+) -> None:
+    """Remove, re-add, rename, retype and nullability over three or more deployments: each
+    deployment is refused exactly when a rule is broken against every deployment recorded
+    before it, with a line naming the variable, the field and the rule."""
+    as_fields = [
+        {name: T.StructField(name, kind, nullable) for name, (kind, nullable) in d.items()}
+        for d in deployments
+    ]
+    recorded = [as_fields[0]]
+    past = [Deployment(1, {"v": T.StructType(list(as_fields[0].values()))})]
+    for fields in as_fields[1:]:
+        new = {"v": T.StructType(list(fields.values()))}
+        expected = expected_refusals(recorded, fields, confirmed)
+        drops = frozenset(f"v.{name}" for name in confirmed)
+        try:
+            check_evolution(past, new, drops)
+        except StateSchemaError as error:
+            found = {(r.field, r.rule) for r in error.refusals}
+            assert found == expected
+            assert "\n" not in str(error)
+            for field, rule in expected:
+                assert f"state variable 'v', field '{field}': {rule}" in str(error)
+            continue
+        assert expected == set()
+        recorded.append(fields)
+        past.append(Deployment(len(past) + 1, new))
+
+
+def test_a_field_removed_then_added_back_is_refused_unless_confirmed() -> None:
+    """Seed 004's lost update: keys written while the field was gone would read None, the
+    others their old value."""
+    with_email = {"v": struct(n=T.LongType(), email=T.StringType())}
+    without = {"v": struct(n=T.LongType())}
+    past = history(with_email, without)
+    with pytest.raises(StateSchemaError) as caught:
+        check_evolution(past, with_email)
+    assert "state variable 'v', field 'email': re-added after removal" in str(caught.value)
+    assert "confirmed_drops=v.email" in str(caught.value)
+    assert check_evolution(past, with_email, frozenset({"v.email"})).added_fields == {
+        "v": ("email",)
+    }
+
+
+def test_an_added_field_that_is_not_nullable_is_refused() -> None:
+    strict = T.StructType(
+        [T.StructField("n", T.LongType()), T.StructField("m", T.LongType(), False)]
+    )
+    with pytest.raises(StateSchemaError) as caught:
+        check_evolution(history({"v": struct(n=T.LongType())}), {"v": strict})
+    assert "state variable 'v', field 'm': added field without a default" in str(caught.value)
+
+
+def test_each_pipeline_command_lists_only_the_options_it_reads(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``as-of --help`` once listed every option of ``run`` (--trigger, --master, ...)."""
+    from pipeline.cli import COMMANDS, OPTION_FLAGS, build_parser
+
+    for name, (_, flags) in COMMANDS.items():
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([name, "--help"])
+        shown = capsys.readouterr().out
+        listed = {flag for flag in OPTION_FLAGS if f"--{flag.replace('_', '-')} " in shown}
+        assert listed == set(flags), name
+    assert "trigger" not in COMMANDS["as-of"][1] and "mirrors" in COMMANDS["as-of"][1]

@@ -18,8 +18,8 @@ from pipeline.state.variables import STATE_LAYOUT
 from runtime.errors import BadInput
 
 OLDEST_READABLE_LAYOUT = 2
-"""Layout 2 state moves into layout 3 entries key by key (pipeline.state.variables); layout 1
-values have other types."""
+"""Layout 2 state moves into entries key by key (pipeline.state.variables); layout 1 values
+have other types."""
 
 _WIDENINGS = {
     ("int", "bigint"),
@@ -31,6 +31,9 @@ _WIDENINGS = {
     ("string", "binary"),
     ("binary", "string"),
 }
+_SAME_AVRO = {("timestamp", "bigint")}
+"""Changes of Spark type that keep the Avro type: a timestamp is an Avro long of epoch
+microseconds, read as a bigint unchanged (state layout 4 keeps TIMESTAMP so)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +111,7 @@ def check_evolution(
         added = fields_added(before, new[name])
         if added:
             added_fields[name] = added
+            refusals += _check_added(history, name, new[name], added, confirmed_drops)
         evolutions = _evolution_count(history, name) + 1
         if evolutions >= limits.per_variable:
             refusals.append(_variable_limit_refusal(name, evolutions, limits))
@@ -123,6 +127,62 @@ def check_evolution(
     if refusals:
         raise StateSchemaError(refusals)
     return evolution
+
+
+def _check_added(
+    history: list[Deployment],
+    variable: str,
+    new: T.StructType,
+    added: tuple[str, ...],
+    confirmed_drops: frozenset[str],
+) -> list[Refusal]:
+    """Seed 004's rules for added fields: each needs a default (nullable: Avro's null), and a
+    field removed once must not come back under its name unconfirmed: keys written while it was
+    gone read None, the others their old value (the lost update)."""
+    refusals = []
+    for path in added:
+        field = _field_at(new, path)
+        if field is not None and not field.nullable:
+            refusals.append(
+                Refusal(
+                    variable,
+                    path,
+                    "added field without a default",
+                    "an added field must be nullable (Avro's default null) so that state "
+                    "written before it can be read; make it nullable",
+                )
+            )
+        if _removed_before(history, variable, path) and f"{variable}.{path}" not in confirmed_drops:
+            refusals.append(
+                Refusal(
+                    variable,
+                    path,
+                    "re-added after removal",
+                    "a deployment removed this field; added back under its name, keys written "
+                    "since read None while the others keep their old value (a lost update). "
+                    "Use a new name, or confirm with "
+                    f"confirmed_drops={variable}.{path}",
+                )
+            )
+    return refusals
+
+
+def _field_at(struct: T.StructType, path: str) -> T.StructField | None:
+    """The field at a dotted path (``image.email``), or None."""
+    head, _, rest = path.partition(".")
+    field = next((f for f in struct.fields if f.name == head), None)
+    if field is None or not rest:
+        return field
+    inner = field.dataType
+    return _field_at(inner, rest) if isinstance(inner, T.StructType) else None
+
+
+def _removed_before(history: list[Deployment], variable: str, path: str) -> bool:
+    """Whether an earlier deployment held the variable with this field (the newest lacks it)."""
+    return any(
+        variable in deployment.schemas and _field_at(deployment.schemas[variable], path)
+        for deployment in history
+    )
 
 
 def _layout_refusal(layout: int) -> Refusal:
@@ -260,7 +320,7 @@ def _compare_type(
             ]
         return _compare_type(variable, f"{path}{{}}", old.valueType, new.valueType, confirmed_drops)
     pair = (old.simpleString(), new.simpleString())
-    if pair in _WIDENINGS:
+    if pair in _WIDENINGS or pair in _SAME_AVRO:
         return []
     rule = "narrowing" if (pair[1], pair[0]) in _WIDENINGS else "type change"
     return [

@@ -27,11 +27,13 @@ CHANGE_STATS = T.StructType(
 )
 TOMBSTONE = LAST_APPLIED
 """The position of the delete, kept (with a TTL) so replays of older changes stay ignored."""
-STATE_LAYOUT = 3
+STATE_LAYOUT = 4
 """How row images map Spanner types to state fields (pipeline.types.state_type), and how a key's
 state is split into variables. Layout 1 kept each column in its mirror type; layout 2 keeps STRING
 as bytes and arrays as JSON text; layout 3 keeps a key's image, position and statistics in one
-value (``entry_<table>``), read and written with one state-server call each instead of three."""
+value (``entry_<table>``), read and written with one state-server call each instead of three;
+layout 4 keeps TIMESTAMP as epoch microseconds (the same Avro long: Spark evolves a layout-3
+entry in place)."""
 LEGACY_BOOKKEEPING = ("last_applied", "change_stats")
 """Layout 2's variables for what layout 3 keeps in the entry, with the ``row_<table>`` images."""
 
