@@ -285,6 +285,7 @@ class BatchLanding:
         self._metrics = metrics
         self._generation = generation
         self._app_id: str | None = None
+        self._changelog_id = ""
         self._retired = False
 
     def __call__(self, batch: Any, batch_id: int) -> None:
@@ -292,6 +293,7 @@ class BatchLanding:
         started = time.monotonic()
         if self._app_id is None:
             self._app_id = f"{config.job_id}:{checkpoint_id(config.checkpoint_uri)}"
+            self._changelog_id = cut.changelog_id(config.changelog_uri)
         self._lease()
         offset = cut.batch_end_offset(config.checkpoint_uri, batch_id)
         landed = self._landed(batch_id, offset)
@@ -319,7 +321,9 @@ class BatchLanding:
             batch.unpersist()
         self._lease()
         if offset is not None:
-            position = cut.Cut(cut.next_version(offset), self._generation.number, batch_id)
+            position = cut.Cut(
+                cut.next_version(offset), self._generation.number, batch_id, self._changelog_id
+            )
             cut.record(config.mirror_root, position)
         batch_log.record(
             config.mirror_root,
@@ -593,12 +597,35 @@ def _prepare(spark: Any, config: PipelineConfig, plan: Plan, log: Logger) -> Non
         log.warning("uncommitted_batch_schema_files_removed", files=len(undone))
 
 
+STATE_UNREADABLE_MARKERS = ("CANNOT_LOAD_STATE_STORE", "CANNOT_READ_STATE_STORE")
+
+
 def _restart_reason(error: BaseException, in_a_row: int, config: PipelineConfig) -> str:
     """Why a failed query restarts on the same checkpoint; PipelineFailed when it must not."""
+    unreadable = _unreadable_state(error, config)
+    if unreadable is not None:
+        raise PipelineFailed(unreadable) from error
     reason = next((m for m in RESTART_MARKERS if m in str(error)), None)
     if reason is None or in_a_row >= config.max_restarts:
         raise PipelineFailed(_with_changelog_version(_first_line(error), config)) from error
     return reason
+
+
+def _unreadable_state(error: BaseException, config: PipelineConfig) -> str | None:
+    """The line for a checkpoint whose state Spark cannot load (a truncated or corrupt RocksDB
+    file): restarting reads the same files, and a rebase from the mirrors is the way out."""
+    text = str(error)
+    marker = next((m for m in STATE_UNREADABLE_MARKERS if m in text), None)
+    if marker is None:
+        return None
+    causes = [line.strip() for line in text.splitlines() if line.strip().startswith("Caused by:")]
+    cause = causes[-1].removeprefix("Caused by:").strip() if causes else marker
+    return (
+        f"{marker}: the pipeline checkpoint {config.checkpoint_uri} cannot be read ({cause}); "
+        "restarting reads the same files: stop the job, run `python -m pipeline rebase` with "
+        "the same change log, mirrors and checkpoint (a new state generation seeded from the "
+        "mirrors), then start the job again (docs/operations.md, Rebase)"
+    )
 
 
 def _with_changelog_version(line: str, config: PipelineConfig) -> str:

@@ -107,10 +107,32 @@ def rebase_on_demand(
             "rebase: the job runs user processors, whose state a rebase cannot carry over "
             "(it seeds state from the mirrors only); run them on a checkpoint of their own"
         )
+    refuse_without_own_cut(config)
     description = f"rebase {config.job_id}"
     lock = CheckpointLock(config.checkpoint_uri, config.lock_stale_s, description, log)
     with lock:
         return rebase_from_the_changelog(session_factory(), config, log, reason)
+
+
+def refuse_without_own_cut(config: PipelineConfig) -> None:
+    """A rebase on demand seeds from mirrors this change log's job wrote: a root holding no
+    cut (a typo, a missing mount, an empty folder) or another change log's cut has nothing to
+    seed from, and a rebase there would start the state over from nothing. Checked before the
+    lock, so a refusal changes nothing."""
+    recorded = cut.read(config.mirror_root)
+    if recorded is None:
+        raise RebaseRefused(
+            f"rebase refused: no {cut.CUT_FILE} under the mirror root {config.mirror_root!r}, "
+            "so no job of this change log wrote mirrors there (check --mirrors); nothing was "
+            "changed"
+        )
+    own = cut.changelog_id(config.changelog_uri)
+    if recorded.changelog_id and recorded.changelog_id != own:
+        raise RebaseRefused(
+            f"rebase refused: the mirrors under {config.mirror_root!r} belong to change log "
+            f"{recorded.changelog_id}, not to {config.changelog_uri!r} ({own}); nothing was "
+            "changed"
+        )
 
 
 def rebase_from_the_changelog(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from ingest.model.records import ColumnType
 from pipeline.config import PipelineConfig
 from pipeline.job import PipelineFailed
 from pipeline.mirror import KEYS_COLUMN, POSITION_COLUMN, mirror_uri
-from pipeline.rebase import rebase_on_demand, starting_version
+from pipeline.rebase import RebaseRefused, rebase_on_demand, starting_version
 from pipeline.state import cut, generations
 from pipeline.state.registry import SchemaRegistry
 from pipeline.user_processors import Change, ChangeProcessor, State, Value
@@ -118,6 +119,75 @@ def test_a_lost_checkpoint_is_rebased_from_the_mirrors_without_replaying_history
     assert stats.batches == 1, "only what came after the cut is read"
     before[1]["balance"] = 1
     assert mirror_rows(spark, config) == before
+
+
+def tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root`` with its size and modification time."""
+    return {
+        str(path.relative_to(root)): (path.stat().st_size, path.stat().st_mtime_ns)
+        for path in root.rglob("*")
+        if path.is_file()
+    }
+
+
+def test_a_rebase_without_this_change_logs_cut_is_refused_and_changes_nothing(
+    spark, tmp_path: Path
+) -> None:
+    """A rebase pointed at a missing or empty mirror root, or at another job's mirrors, once
+    succeeded with no keys and a new generation whose job then missed every row."""
+    config = configure(tmp_path / "ours")
+    seed_accounts(ChangeLog(config.changelog_uri))
+    other = configure(tmp_path / "theirs")
+    seed_accounts(ChangeLog(other.changelog_uri))
+    run(spark, config)
+    run(spark, other)
+    shutil.rmtree(config.checkpoint_uri)
+    (tmp_path / "empty").mkdir()
+    before = tree(tmp_path)
+    roots = {
+        "missing": str(tmp_path / "missing"),
+        "empty": str(tmp_path / "empty"),
+        "another job's": other.mirror_root,
+    }
+    for case, root in roots.items():
+        wrong = replace(config, mirror_root=root)
+        with pytest.raises(RebaseRefused, match="nothing was changed") as refused:
+            rebase_on_demand(wrong, null_logger(), lambda: spark, "checkpoint lost")
+        assert "\n" not in str(refused.value), case
+        assert tree(tmp_path) == before, case
+    assert not (tmp_path / "missing").exists()
+    assert not Path(config.checkpoint_uri).exists()
+    rebase_on_demand(config, null_logger(), lambda: spark, "checkpoint lost")
+
+
+def test_a_truncated_state_file_stops_the_job_with_one_line_naming_the_way_out(
+    spark, tmp_path: Path
+) -> None:
+    """A corrupt RocksDB snapshot once ended the job with "Py4JJavaError: An error occurred
+    while calling o183.collectToPython."; the rebase it names then brings the mirrors back."""
+    config = configure(tmp_path)
+    changelog = ChangeLog(config.changelog_uri)
+    seed_accounts(changelog)
+    run(spark, config)
+    snapshots = sorted(Path(config.checkpoint_uri).rglob("state/0/*/*.zip"))
+    assert snapshots
+    for snapshot in snapshots:
+        snapshot.write_bytes(snapshot.read_bytes()[: snapshot.stat().st_size // 2])
+    changelog.commit(("accounts", "UPDATE", {"account_id": "1"}, {"balance": "1"}))
+    changelog.land()
+    with pytest.raises(PipelineFailed) as failed:
+        run(spark, config)
+    line = str(failed.value)
+    assert "\n" not in line
+    assert line.startswith("CANNOT_LOAD_STATE_STORE: the pipeline checkpoint ")
+    assert config.checkpoint_uri in line and "python -m pipeline rebase" in line
+
+    rebase_on_demand(config, null_logger(), lambda: spark, "state unreadable")
+    run(spark, config)
+    assert mirror_rows(spark, config) == {
+        1: {"account_id": 1, "owner": "ann", "balance": 1},
+        3: {"account_id": 3, "owner": "cy", "balance": 7},
+    }
 
 
 def test_a_generation_that_never_committed_a_batch_is_rebased_from_where_it_started(

@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from deltalake import DeltaTable
+
 from pipeline.state.registry import replace_file
-from runtime.storage import arrow_filesystem
+from runtime.storage import arrow_filesystem, delta_storage_options
 
 CUT_FILE = "_cut.json"
 END_INDEX = 2**63 - 1
@@ -30,6 +32,9 @@ class Cut:
     """The first change-log version a new state generation must read."""
     generation: int
     batch_id: int
+    changelog_id: str = ""
+    """The change log's Delta table id: a rebase refuses another job's mirrors. "" in cuts
+    written before it was recorded."""
 
 
 def next_version(offset: dict[str, object]) -> int:
@@ -65,6 +70,12 @@ def record(mirror_root: str, cut: Cut) -> None:
     filesystem, root = arrow_filesystem(mirror_root)
     filesystem.create_dir(root, recursive=True)
     replace_file(filesystem, f"{root.rstrip('/')}/{CUT_FILE}", json.dumps(asdict(cut)).encode())
+
+
+def changelog_id(changelog_uri: str) -> str:
+    """The change-log table's own id (Delta's metadata id, fixed when the table was made)."""
+    options = delta_storage_options(changelog_uri)
+    return str(DeltaTable(changelog_uri, storage_options=options).metadata().id)
 
 
 def read(mirror_root: str) -> Cut | None:
