@@ -148,7 +148,7 @@ def latency(flush_ms: int, seconds: float, rate: float) -> None:
         table,
         start,
         INGEST_FLUSH_LATENCY_MS=str(flush_ms),
-        INGEST_HEARTBEAT_MS="100",
+        INGEST_HEARTBEAT_MS="1000",
     )
     time.sleep(3)
     committed = run_in_subprocess(database.database_id, seconds, rate)

@@ -34,7 +34,7 @@ class Service(Process):
                 "INGEST_CHECKPOINT_INTERVAL_S": "1",
                 "INGEST_LEASE_S": "3",
                 "INGEST_FLUSH_LATENCY_MS": "200",
-                "INGEST_HEARTBEAT_MS": "500",
+                "INGEST_HEARTBEAT_MS": "1000",
                 "INGEST_QUERY_WINDOW_S": "5",
                 "INGEST_HEALTH_PORT": "0",
                 "INGEST_SNAPSHOT_MODE": "never",

@@ -34,8 +34,8 @@ def assert_one_error_line(result: subprocess.CompletedProcess[str], code: int, t
 @pytest.mark.parametrize(
     ("args", "text"),
     [
-        (["--heartbeat-ms", "50"], "heartbeat must be between 100 and 300000 ms, got 50"),
-        (["--heartbeat-ms", "300001"], "heartbeat must be between 100 and 300000 ms"),
+        (["--heartbeat-ms", "500"], "heartbeat must be between 1000 and 300000 ms, got 500"),
+        (["--heartbeat-ms", "300001"], "heartbeat must be between 1000 and 300000 ms"),
         (["--query-window-s", "0.5"], "query window must be between 2 s (at least 1 s and two"),
         (["--start-timestamp", "yesterday"], "not an RFC 3339 timestamp"),
         (["--stream", "x; DROP TABLE accounts"], "is not a valid identifier"),
@@ -106,3 +106,13 @@ class TestAgainstTheEmulator:
     def test_unknown_database(self) -> None:
         result = tail("--database", "missing_db", "--stream", "all_changes")
         assert_one_error_line(result, 2, "spanner refused the request")
+
+
+def test_the_spark_source_refuses_a_heartbeat_spanner_would_refuse() -> None:
+    """Seed 003: 1,000 to 300,000 ms. A job resumed with a lower value would fail at every
+    start on Cloud Spanner (the emulator accepts it)."""
+    from ingest.changestream.query import ChangeStreamRequestError
+    from ingest.sparksource.source import SourceOptions
+
+    with pytest.raises(ChangeStreamRequestError, match="between 1000 and 300000 ms, got 500"):
+        SourceOptions("p", "i", "d", "s", "googlesql", False, "/t", "j", heartbeat_ms=500)

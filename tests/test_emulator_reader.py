@@ -49,7 +49,7 @@ def tail_while_committing(
                 start,
                 None,
                 "--heartbeat-ms",
-                "500",
+                "1000",
                 "--stats-interval-s",
                 "5",
                 "--query-window-s",

@@ -276,7 +276,7 @@ def test_a_clean_stop_hands_over_at_once_and_a_kill_does_not(new_database, tmp_p
 @pytest.mark.parametrize(
     ("variable", "value", "text"),
     [
-        ("INGEST_HEARTBEAT_MS", "99", "INGEST_HEARTBEAT_MS='99': expected an integer from 100"),
+        ("INGEST_HEARTBEAT_MS", "999", "INGEST_HEARTBEAT_MS='999': expected an integer from 1000"),
         ("INGEST_FLUSH_LATENCY_MS", "soon", "expected an integer from 10 to 3600000"),
         ("INGEST_START_TIMESTAMP", "yesterday", "not an RFC 3339 timestamp"),
         ("INGEST_DIALECT", "mysql", "expected one of auto, googlesql, postgresql"),

@@ -209,7 +209,7 @@ def test_a_batch_spark_replays_lands_once_and_admission_control_bounds_batches(
         opened.info.mutable_key_range,
         str(table),
         JOB,
-        heartbeat_ms=500,
+        heartbeat_ms=1000,
         max_batch_span_s=5,
         max_records_per_batch=40,
     )

@@ -22,8 +22,11 @@ from ingest.model.records import ChangeRecord
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_datetime, to_rfc3339
 from runtime.errors import BadInput
 
-MIN_HEARTBEAT_MS = 100
+MIN_HEARTBEAT_MS = 1_000
 MAX_HEARTBEAT_MS = 300_000
+"""Spanner's range for ``heartbeat_milliseconds`` (seed 003): one second to five minutes. The
+emulator takes lower values; Cloud Spanner refuses them, so a job configured below would fail at
+every start."""
 DEFAULT_RETENTION_NANOS = 24 * 3600 * NANOS_PER_SECOND
 _STREAM_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 _RETENTION = re.compile(r"^(\d+)([smhd])$")

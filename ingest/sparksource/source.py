@@ -30,7 +30,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from ingest.changestream.query import ChangeStreamQuery, Dialect
+from ingest.changestream.query import ChangeStreamQuery, Dialect, validate_heartbeat
 from ingest.changestream.retries import RetryPolicy
 from ingest.contract.changelog import Checkpoint
 from ingest.delta.sink import DeltaChangeLogSink
@@ -70,6 +70,9 @@ class SourceOptions:
     partitions_per_task: int = 8
     """Partitions one task reads, one after the other: a task costs Spark far more than a
     query, so thousands of partitions go in groups."""
+
+    def __post_init__(self) -> None:
+        validate_heartbeat(self.heartbeat_ms)  # a user's .option() reaches tasks unchecked
 
     def to_options(self) -> dict[str, str]:
         return {f.name: str(getattr(self, f.name)) for f in fields(self)}
