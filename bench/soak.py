@@ -63,7 +63,7 @@ from tenacity import (
 
 from emulator.bootstrap import bootstrap
 from emulator.local_run import pipeline_process
-from emulator.processes import Process, process_tree
+from emulator.processes import Process, kill_tree, process_tree
 from emulator.run_report import check_mirrors
 from emulator.server import emulator, free_port
 from emulator.verify import consistent_past
@@ -106,7 +106,7 @@ class Product:
 
     def kill(self, kind: str) -> None:
         process = self.current(kind)
-        os.killpg(process.pid, signal.SIGKILL)
+        kill_tree(process)
         process.wait()
         self.start(kind)
 
@@ -375,7 +375,7 @@ def drain(product: Product, changelog: Path, mirrors: Path, last: Nanos, args: A
 
 def with_group_killed(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
+        kill_tree(process)
         process.wait()
 
 

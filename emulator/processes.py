@@ -3,8 +3,10 @@ environment, logging JSON lines to one file that the caller reads back as events
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -98,6 +100,17 @@ def process_tree(pid: int) -> Iterator[int]:
             except OSError:
                 continue
             pending.extend(int(child) for child in children)
+
+
+def kill_tree(process: subprocess.Popen[Any]) -> None:
+    """kill -9 of a process and all its descendants at once, as a container's end kills them:
+    Spark's JVM runs in a session of its own (runtime/jvm.py), so the process group alone would
+    leave it to end with its stdin pipe."""
+    pids = list(process_tree(process.pid))
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait()
 
 
 def cpu_seconds(pid: int, reaped_children: bool = False) -> float:

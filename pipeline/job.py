@@ -406,8 +406,11 @@ def _listening(spark: Any, metrics: PipelineMetrics) -> Iterator[None]:
     try:
         yield
     finally:
+        from py4j.protocol import Py4JError
+
         _deliver_pending_events(spark)
-        spark.streams.removeListener(listener)
+        with contextlib.suppress(Py4JError, ConnectionError):  # a JVM stopped with the job
+            spark.streams.removeListener(listener)
 
 
 def _deliver_pending_events(spark: Any) -> None:
@@ -419,22 +422,40 @@ def _deliver_pending_events(spark: Any) -> None:
     context = getattr(spark, "sparkContext", None)
     if context is None:
         return
-    with contextlib.suppress(Py4JError):
+    with contextlib.suppress(Py4JError, ConnectionError):
         context._jsc.sc().listenerBus().waitUntilEmpty(10_000)
 
 
-def _await(query: Any, *interrupts: threading.Event) -> BaseException | None:
-    """Until the query ends, fails (its error) or one of ``interrupts`` is set (stop it)."""
+def _await(query: Any, stop: threading.Event, *interrupts: threading.Event) -> BaseException | None:
+    """Until the query ends, fails (its error) or ``stop`` or one of ``interrupts`` is set (stop
+    it). A JVM gone once ``stop`` is set went down with the same signal (systemd's default
+    control-group kill reaches every process): a stop, the batch in flight replayed next time."""
+    from py4j.protocol import Py4JError
     from pyspark.errors import StreamingQueryException
 
     try:
-        while not any(event.is_set() for event in interrupts):
+        while not any(event.is_set() for event in (stop, *interrupts)):
             if query.awaitTermination(0.5):
                 return None
         query.stop()
         return None
     except StreamingQueryException as error:
-        return error
+        return None if stop.is_set() and _jvm_gone(query) else error
+    except (Py4JError, ConnectionError):
+        if stop.is_set():
+            return None
+        raise
+
+
+def _jvm_gone(query: Any) -> bool:
+    """Whether the query's JVM no longer answers."""
+    from py4j.protocol import Py4JError
+
+    try:
+        query.isActive  # noqa: B018 (a call to the JVM)
+    except (Py4JError, ConnectionError):
+        return True
+    return False
 
 
 def run_pipeline(

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from runtime.jvm import own_session
 from runtime.storage import S3_SCHEMES, scheme_of, spark_config
 
 DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
@@ -86,7 +87,8 @@ def build_session(
     }
     for key, value in settings.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    with own_session():  # a stop signal to the job's group reaches Python only
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
 

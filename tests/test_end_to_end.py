@@ -175,9 +175,10 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
         statuses_as_bytes(database)
         own = 4  # the seed, the two naming transactions, the statuses as bytes
         wait_until_landed(changelog, len(committed) + own, timeout=120)
-        ingest_process.send_signal(signal.SIGTERM)
+        # SIGTERM to each process group, as tini -g and job control send it: a clean stop
+        os.killpg(ingest_process.pid, signal.SIGTERM)
         assert ingest_process.wait(timeout=20) == 0
-        running.send_signal(signal.SIGTERM)
+        os.killpg(running.pid, signal.SIGTERM)
         assert running.wait(timeout=60) == 0, pipeline.log.read_text()[-3000:]
         catch_up = pipeline.start("--trigger", "available-now")
         assert catch_up.wait(timeout=300) == 0, pipeline.log.read_text()[-3000:]

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 
+from emulator.processes import kill_tree
 from emulator.server import free_port
 from emulator.spark_cluster import StandaloneCluster
 from emulator.verify import latest_checkpoint
@@ -90,7 +91,7 @@ def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
     try:
         source.wait_for("snapshot_part_landed", 2, timeout=300, process=driver)
         time.sleep(rng.uniform(0, 1.0))
-        os.killpg(driver.pid, signal.SIGKILL)
+        kill_tree(driver)
         driver.wait()
         at_kill = latest_checkpoint(str(table))
         assert at_kill is not None and at_kill.snapshot is not None
@@ -125,7 +126,7 @@ def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
         source.wait_for("spark_batch", landed + 3, timeout=300, process=driver)
         assert "Lost executor" in source.log.read_text(errors="replace"), f"seed {seed}"
         time.sleep(rng.uniform(0, 1.5))
-        os.killpg(driver.pid, signal.SIGKILL)  # mid-batch: batches run back to back
+        kill_tree(driver)  # mid-batch: batches run back to back
         driver.wait()
         restarts = source.count("spark_source_started")
         driver = source.start()
@@ -153,7 +154,7 @@ def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
     finally:
         stop_workload.set()
         if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
+            kill_tree(driver)
         cluster.stop()
     rows = snapshot_rows(table)
     assert {r["commit_timestamp_text"] for r in rows} == {to_rfc3339(read_at)}
@@ -256,39 +257,68 @@ def test_a_batch_spark_replays_lands_once_and_admission_control_bounds_batches(
 def test_a_change_log_handed_from_the_service_to_the_spark_source_and_back(
     new_database, tmp_path: Path
 ) -> None:
-    """Service, Spark source, service: each stops cleanly (its lease released) while the
-    workload runs, the next continues from the newest checkpoint, and the change log passes the
-    same checks as one writer's."""
+    """Service, Spark source, a second driver on the same Spark checkpoint, service: each stops
+    cleanly (its lease released) while the workload runs, the next continues from the newest
+    checkpoint, and the change log passes the same checks as one writer's. The second driver,
+    started by mistake while the first runs, stands by with one line and writes nothing until
+    the first hands the lease over."""
     database = new_database("googlesql")
     table, start = tmp_path / "changelog", start_after_setup()
     service = Service(database.database_id, table, tmp_path / "ingest.log", start)
-    source = SparkSource(
-        database.database_id,
-        table,
-        tmp_path / "spark-checkpoint",
-        tmp_path / "spark-source.log",
-        start,
-    )
-    thread, _, committed = background_workload(database, seconds=30, rate=20, seed=11)
-    turns = [(service, "delta_commit"), (source, "spark_batch"), (service, "delta_commit")]
+    drivers = [
+        SparkSource(
+            database.database_id,
+            table,
+            tmp_path / "spark-checkpoint",
+            tmp_path / f"spark-source-{n}.log",
+            start,
+        )
+        for n in (1, 2)
+    ]
+    thread, _, committed = background_workload(database, seconds=40, rate=20, seed=11)
+    turns = [(service, "delta_commit"), (drivers[0], "spark_batch"), (service, "delta_commit")]
     for writer, event in turns:
         landed = writer.count(event)
         process = writer.start()
         try:
             writer.wait_for(event, landed + 3, timeout=180, process=process)
+            if writer is drivers[0]:
+                process = second_driver_takes_over(drivers, process)
             if (writer, event) == turns[-1]:
                 thread.join()
                 wait_until_landed(table, len(committed), timeout=180)
-            process.send_signal(signal.SIGTERM)
+            os.killpg(process.pid, signal.SIGTERM)  # the group, as tini -g sends it
             assert process.wait(timeout=90) == 0
         finally:
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+                kill_tree(process)
     versions = assert_change_log_invariants(table, committed)
     owners = [v.checkpoint.owner for v in versions if v.checkpoint]
     handovers = [o for o, n in itertools.pairwise(owners) if o != n]
-    assert len(handovers) == 2, f"writers in turn: {handovers}"
-    assert owner_of(str(tmp_path / "spark-checkpoint")) in owners
+    assert len(handovers) == 3, f"writers in turn: {handovers}"
+    spark_owners = {
+        o for o in owners if o.startswith(owner_of(str(tmp_path / "spark-checkpoint"), ""))
+    }
+    assert len(spark_owners) == 2, owners
+
+
+def second_driver_takes_over(drivers: list[SparkSource], first: Any) -> Any:
+    """Start a second driver on the first one's Spark checkpoint: it stands by and lands
+    nothing while the first lands batches; once the first stops cleanly, it takes over."""
+    second = drivers[1].start()
+    try:
+        drivers[1].wait_for("standby_waiting_for_lease", 1, timeout=120, process=second)
+        batches = drivers[0].count("spark_batch")
+        drivers[0].wait_for("spark_batch", batches + 2, timeout=180, process=first)
+        assert drivers[1].count("spark_batch") == drivers[1].count("delta_commit") == 0
+        os.killpg(first.pid, signal.SIGTERM)
+        assert first.wait(timeout=90) == 0
+        drivers[1].wait_for("writer_lease_released_by_previous_owner", 1, 60, second)
+        drivers[1].wait_for("spark_batch", 3, timeout=180, process=second)
+    except BaseException:
+        kill_tree(second)
+        raise
+    return second
 
 
 def test_the_spark_source_refuses_a_job_with_an_unfinished_on_demand_snapshot(

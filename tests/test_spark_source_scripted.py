@@ -5,10 +5,8 @@ the change log holds every transaction once, whole, in commit order."""
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from emulator.processes import kill_tree
 from ingest.contract.changelog import SCHEMA_ROW, SNAPSHOT_ROW
 from ingest.model.records import Transaction
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339
@@ -91,13 +90,13 @@ def test_two_thousand_partitions_through_a_driver_restart_land_once_whole_in_ord
             assert driver.poll() is None, log.read_text(errors="replace")[-3000:]
             assert time.monotonic() < deadline, "no batch landed in time"
             time.sleep(0.2)
-        os.killpg(driver.pid, signal.SIGKILL)
+        kill_tree(driver)
         driver.wait()
         with log.open("ab") as out:
             restarted = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=900)
         assert restarted.returncode == 0, log.read_text(errors="replace")[-3000:]
     finally:
-        os.killpg(server.pid, signal.SIGKILL)
+        kill_tree(server)
         server.wait()
     expected: list[Transaction] = topology.expected()
     assert landed_in_order(table) == [

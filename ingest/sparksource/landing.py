@@ -8,11 +8,12 @@ cut); each commit logs ``delta_commit`` with the service's fields, so what watch
 commits watches these.
 
 Exactly once: a batch is planned from the job's change-log version v and lands v + 1 only while
-the job is at v (the sink's fence). A batch Spark replays after a crash finds v + 1 landed by
-the sink's own owner and lands nothing; one whose v + 1 another writer landed while this query
-was down (the service, during a hand-over) is fenced off as the first batch of this driver:
-superseded, it lands nothing, and the next batch plans from the newest checkpoint. While the
-query runs, another writer's commit fences it.
+the job is at v (the sink's fence). A batch the query replays after it failed in this driver
+finds v + 1 landed by the sink's own owner and lands nothing; one whose v + 1 another writer
+landed while this query was down (a driver killed before it, whose owner was its own; the
+service, during a hand-over) is fenced off as the first batch of this driver: superseded, it
+lands nothing, and the next batch plans from the newest checkpoint. While the query runs,
+another writer's commit fences it.
 """
 
 from __future__ import annotations

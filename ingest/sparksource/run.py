@@ -4,8 +4,9 @@ landing the service's change log (the composition root of the Spark source).
 The job's life is the service's: open the Spanner side, wait out another writer's lease, record a
 new job's start (and finish its snapshot), then read; a clean stop hands the lease over with a
 last commit. The reading is a streaming query of ``source.ChangeStreamDataSource`` whose batches
-``landing.BatchLanding`` commits. Its owner is fixed by its Spark checkpoint, so a restarted
-driver recognises the batches it landed before it died.
+``landing.BatchLanding`` commits. Each driver process is an owner of its own (named after its
+Spark checkpoint), so a second driver started on the same checkpoint by mistake stands by, as a
+second service does, until the first hands the lease over or its lease runs out.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import os
 import sys
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -34,6 +36,7 @@ from ingest.sparksource.rows import BatchIdentity
 from ingest.sparksource.snapshot import SparkSnapshotSettings, snapshot_in_tasks
 from ingest.sparksource.source import NAME, WAVE, ChangeStreamDataSource, SourceOptions, wave_json
 from runtime.errors import BadInput, ReportedError
+from runtime.jvm import own_session
 from runtime.options import in_range, integer, load_options, non_empty, seconds
 from runtime.storage import STORE_ENVIRONMENT
 
@@ -110,10 +113,11 @@ def load_spark_config(environ: dict[str, str] | None = None) -> SparkSourceConfi
     return config
 
 
-def owner_of(checkpoint_uri: str) -> str:
-    """The writer a Spark query is, the same for every driver of one Spark checkpoint."""
+def owner_of(checkpoint_uri: str, driver: str) -> str:
+    """The writer one driver process is: its Spark checkpoint (for whoever reads the change
+    log's owners) and the driver's own id, so two drivers of one checkpoint are two writers."""
     where = checkpoint_uri if "://" in checkpoint_uri else str(Path(checkpoint_uri).resolve())
-    return "spark-" + hashlib.sha256(where.encode()).hexdigest()[:16]
+    return f"spark-{hashlib.sha256(where.encode()).hexdigest()[:16]}-{driver}"
 
 
 def run_spark_source(
@@ -124,7 +128,7 @@ def run_spark_source(
     ``/metrics`` on ``health_port`` (0: not served); 5. finish the snapshot in tasks
     (``snapshot``); 6. run the streaming query until stopped or failed; 7. hand the lease over
     with a last commit."""
-    owner = owner_of(spark.checkpoint_uri)
+    owner = owner_of(spark.checkpoint_uri, uuid.uuid4().hex[:12])
     job = take_job(config, owner, log, stop)
     if job is None:
         return 0
@@ -303,6 +307,7 @@ def spark_session(spark: SparkSourceConfig) -> Any:
     for name in sorted(os.environ):
         if name in forwarded or name in STORE_ENVIRONMENT or name.startswith("AWS_"):
             builder = builder.config(f"spark.executorEnv.{name}", os.environ[name])
-    session = builder.getOrCreate()
+    with own_session():  # a stop signal to the driver's group reaches Python only
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
