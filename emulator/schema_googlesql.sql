@@ -37,3 +37,5 @@ CREATE CHANGE STREAM all_changes FOR ALL
 
 CREATE CHANGE STREAM account_balances FOR accounts(balance)
   OPTIONS (value_capture_type = 'NEW_VALUES');
+
+CREATE CHANGE STREAM default_changes FOR ALL;

@@ -392,17 +392,17 @@ class ChangeApplier(StatefulProcessor):
         )
 
     def _check_schema_rows(self, shape: TableShape | None, rows: Iterator[Row]) -> None:
-        """Schema rows apply to no key; one showing a drop the shape lacks restarts the job,
-        which learns it and renews the mirror column. A table no change record carried yet has
-        no shape and nothing to drop."""
+        """Schema rows apply to no key; one showing a drop or an added column the shape lacks
+        restarts the job, which learns it (renews or adds the mirror column). A table no change
+        record carried yet has no shape."""
         for row in rows:
             watched = {c.name for c in self._columns(row["column_types"])}
             if shape is not None and not shape.shows_no_new_drop(
                 row["commit_timestamp_text"], watched
             ):
                 raise SourceSchemaChanged(
-                    f"{SOURCE_SCHEMA_CHANGED}: table {shape.name!r} has dropped or unwatched "
-                    "columns"
+                    f"{SOURCE_SCHEMA_CHANGED}: table {shape.name!r} has dropped, unwatched or "
+                    "added columns"
                 )
 
     def _covers(self, shape: TableShape, row: Row, columns: list[ColumnType]) -> bool:

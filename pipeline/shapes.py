@@ -129,10 +129,12 @@ class TableShape:
 
     def shows_no_new_drop(self, commit_timestamp_text: str, watched: set[str]) -> bool:
         """Whether a schema row listing ``watched`` columns leaves this shape as it is: it is
-        history, or it lists every column the shape holds live."""
+        history, or it lists every column the shape holds live and no column the shape lacks
+        (one added since: learned from the schema rows, ``_Seen.add_uncarried_columns``)."""
         if commit_timestamp_text <= self.learned_through:
             return True
-        return all(c.name in watched for c in self.columns if self.dropped_since(c.name) is None)
+        live = {c.name for c in self.columns if self.dropped_since(c.name) is None}
+        return live <= watched and watched <= {c.name for c in self.columns}
 
     def covers(
         self, commit_timestamp_text: str, columns: list[ColumnType], every_column: bool = False
@@ -185,8 +187,8 @@ class Interval:
     every_column: bool = False
     """The rows list every watched column (``lists_every_column``)."""
     schema: bool = False
-    """Schema rows: they show which columns exist, never a column's type or a new column (the
-    shape learns those from change records, whose values need them)."""
+    """Schema rows: they show which columns exist; a column's type comes from change records
+    (whose values need it), but a column no record carried yet comes from schema rows."""
 
 
 Label = T.DataType | None
@@ -290,7 +292,29 @@ class _Seen:
             if interval.every_column:
                 names = frozenset(c.name for c in listed)
                 seen.complete.setdefault(table, []).append((interval, names))
+        seen.add_uncarried_columns(observed)
         return seen
+
+    def add_uncarried_columns(self, observed: Iterable[Interval]) -> None:
+        """Columns of a table that schema rows list and no change record carried yet: a column
+        added to a table nobody writes since, or one whose records list changed columns only.
+        Every row holds NULL there (an added column with a DEFAULT is read again by the ingest,
+        whose snapshot rows carry it), so the mirror has it from the schema rows, with the type
+        of its newest listing."""
+        schema_only: dict[tuple[str, str], list[_Span]] = {}
+        for interval in sorted(observed, key=lambda interval: interval.last):
+            known = self.columns.get(interval.table)
+            if not interval.schema or known is None:
+                continue
+            source = (interval.column_types, interval.every_column, interval.schema)
+            for column in parse_column_types(interval.column_types):
+                if (interval.table, column.name) in self.spans:
+                    continue
+                label = generation_label(column.type)
+                span = _Span(interval.first, interval.last, label, source)
+                schema_only.setdefault((interval.table, column.name), []).append(span)
+                known[column.name] = column
+        self.spans.update(schema_only)
 
 
 def _runs(spans: list[_Span]) -> list[tuple[str, Label]] | None:

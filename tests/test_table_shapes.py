@@ -132,15 +132,19 @@ def test_a_schema_row_lacking_a_column_shows_it_dropped_under_any_capture() -> N
     assert shape.learned_through == at(4)
 
 
-def test_a_schema_row_adds_no_column_and_no_generation() -> None:
-    """Columns and their types come from change records only: a schema row naming a column no
-    record carried, or a column back after a drop, changes nothing until a record carries it."""
+def test_a_schema_row_adds_only_a_column_no_record_carried() -> None:
+    """A column no record carried (added to a table nobody writes since, or under a capture
+    that lists changed columns only) comes from schema rows, with their type: every row holds
+    NULL there. A column back after a drop stays a record's to show (its type, its values)."""
     shape = shape_of(
         (1, column_types(a="STRING", tier="STRING"), True),
         (2, column_types(a="STRING"), True, True),
         (3, column_types(a="STRING", tier="INT64", b="INT64"), True, True),
     )
-    assert [c.name for c in shape.columns] == ["id", "a", "tier"]
+    assert [c.name for c in shape.columns] == ["id", "a", "tier", "b"]
+    b = shape.column("b")
+    assert b is not None and b.type == {"code": "INT64"}
+    assert [g.since for g in shape.generations_of(b)] == [""]
     assert shape.dropped == (("tier", at(2)),)
     back = shape_of(
         (1, column_types(a="STRING", tier="STRING"), True),
@@ -167,7 +171,8 @@ def test_a_table_only_schema_rows_name_has_no_shape() -> None:
 
 def test_a_newer_schema_row_lacking_a_live_column_is_learned_again() -> None:
     shape = shape_of((1, column_types(a="STRING", tier="STRING"), True))
-    assert shape.shows_no_new_drop(at(2), {"id", "a", "tier", "new"})
+    assert shape.shows_no_new_drop(at(2), {"id", "a", "tier"})
+    assert not shape.shows_no_new_drop(at(2), {"id", "a", "tier", "new"}), "an added column"
     assert not shape.shows_no_new_drop(at(2), {"id", "a"})
     assert shape.shows_no_new_drop(at(1), {"id", "a"})
 

@@ -7,18 +7,21 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 import structlog
+from deltalake import DeltaTable
 
 from ingest.changestream.query import Dialect
 from ingest.changestream.watched_columns import column_type, read_watched_columns
 from ingest.delta.batcher import STALE_READ_LIMIT_NANOS, Batcher
+from ingest.delta.schema_rows import landed_watched_columns
 from ingest.model.records import ColumnType, WatchedColumns
 from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339
+from tests.builders import ChangeLog
 from tests.checks import start_after_setup
 from tests.processes import tail_argv
 
@@ -138,6 +141,103 @@ def test_a_failed_or_too_stale_read_lands_nothing_and_is_tried_again() -> None:
     clock[0] = 24.0
     b.on_tick()
     assert sink.commits[-1] == (NOW - NANOS_PER_SECOND, {"t": (ID, TIER)})
+
+
+FLAG = ColumnType("flag", {"code": "BOOL"}, False, 3)
+
+
+@dataclass
+class FakeSnapshots:
+    """The on-demand snapshot as the batcher sees it: busy or free, recording or refusing."""
+
+    busy: bool = False
+    refuse: bool = False
+    asked: list[tuple[str, ...]] = field(default_factory=list)
+    requested: tuple[str, ...] = ()
+
+    def due(self) -> bool:
+        return False
+
+    def backfill(self, tables: Any) -> bool:
+        if self.busy:
+            return False
+        self.requested = tuple(tables)
+        self.asked.append(self.requested)
+        return True
+
+    def before_commit(self, low_watermark: int, transactions: Any) -> tuple[list[Any], bool]:
+        return [], bool(self.requested)
+
+    def recorded(self) -> tuple[str, ...]:
+        return () if self.refuse else self.requested
+
+    def after_commit(self) -> None:
+        self.requested = ()
+
+
+def test_a_table_that_gains_a_column_lands_its_schema_rows_with_a_snapshot_of_it() -> None:
+    """Spanner fills an added column's rows with its DEFAULT without change records: the table
+    is read again, recorded by the commit that lands its new columns, or neither lands. A
+    column without a DEFAULT is NULL in every row: its schema rows land alone."""
+    sink, clock, snapshots = FakeSink(), [4.0], FakeSnapshots()
+    schema: list[Any] = [{"t": (ID, TIER), "u": (ID,)}]
+    b = batcher(sink, schema, clock)
+    b.riders = snapshots
+    b.column_defaults = lambda at: {("t", "flag"), ("u", "tier")}
+    b.__post_init__()
+    released(b, 9)
+    b.on_tick()
+    assert snapshots.asked == [], "columns seen for the first time are no added columns"
+    schema[0] = {"t": (ID,), "u": (ID,)}
+    released(b, 8)
+    clock[0] = 14.0
+    b.on_tick()
+    assert snapshots.asked == [] and sink.commits[-1][1] == {"t": (ID,)}, "a drop reads nothing"
+    schema[0] = {"t": (ID, FLAG), "u": (ID,)}
+    snapshots.busy = True
+    released(b, 7)
+    clock[0] = 24.0
+    b.on_tick()
+    assert sink.commits[-1][1] == {}, "held back while another snapshot runs"
+    snapshots.busy, snapshots.refuse = False, True
+    released(b, 6)
+    clock[0] = 34.0
+    b.on_tick()
+    assert sink.commits[-1][1] == {}, "held back when the request was not recorded"
+    snapshots.refuse = False
+    released(b, 5)
+    clock[0] = 44.0
+    b.on_tick()
+    assert sink.commits[-1][1] == {"t": (ID, FLAG)}
+    assert snapshots.asked == [("t",), ("t",)]
+    schema[0] = {"t": (ID, FLAG), "u": (ID, replace(TIER, ordinal_position=3))}
+    released(b, 4)
+    clock[0] = 54.0
+    b.on_tick()
+    assert snapshots.asked[-1] == ("u",) and sink.commits[-1][1] == {"u": schema[0]["u"]}
+    note = ColumnType("note", {"code": "STRING"}, False, 4)
+    schema[0] = {"t": (ID, FLAG, note), "u": schema[0]["u"]}
+    released(b, 3)
+    clock[0] = 64.0
+    b.on_tick()
+    assert len(snapshots.asked) == 3, "a column without a DEFAULT is read from no table"
+    assert sink.commits[-1][1] == {"t": (ID, FLAG, note)}
+
+
+def test_a_column_added_while_no_process_ran_is_found_from_the_change_log(tmp_path: Any) -> None:
+    """A restarted process compares with the newest schema rows the change log holds."""
+    changelog = ChangeLog(str(tmp_path / "changelog"))
+    changelog.land(watched={"t": (ID, TIER), "u": (ID,)})
+    changelog.land(watched={"t": (ID,)})
+    known = landed_watched_columns(DeltaTable(str(tmp_path / "changelog")))
+    assert known == {"t": (ID,), "u": (ID,)}
+    sink, clock, snapshots = FakeSink(), [4.0], FakeSnapshots()
+    b = batcher(sink, [{"t": (ID, FLAG), "u": (ID,)}], clock)
+    b.riders, b.known_columns = snapshots, known
+    b.__post_init__()
+    released(b, 9)
+    b.on_tick()
+    assert snapshots.asked == [("t",)]
 
 
 def _records(database: Any, stream: str, start: int, end: int) -> list[tuple[int, dict]]:

@@ -140,6 +140,17 @@ def _watched_tables(rows: Any, stream: str) -> dict[tuple[str, str], set[str] | 
     return tables
 
 
+def read_column_defaults(database: Database, read_timestamp: Nanos) -> set[tuple[str, str]]:
+    """(table, column) of each column with a DEFAULT at exactly ``read_timestamp``, tables named
+    as records name them: Spanner fills such a column's rows when it is added."""
+    with database.snapshot(read_timestamp=to_datetime(read_timestamp)) as snap:
+        rows = snap.execute_sql(
+            "SELECT table_schema, table_name, column_name FROM information_schema.columns "
+            "WHERE column_default IS NOT NULL"
+        )
+        return {(_record_table_name(schema, table), column) for schema, table, column in rows}
+
+
 def _yes(flag: Any) -> bool:
     """GoogleSQL answers BOOL, PostgreSQL 'YES'/'NO'."""
     return flag is True or flag == "YES"

@@ -11,6 +11,7 @@ from typing import Protocol
 import structlog
 
 from ingest.delta.sink import DeltaChangeLogSink
+from ingest.model.encoding import canonical_json as json_text
 from ingest.model.records import Transaction, WatchedColumns
 from ingest.model.resume import Release, ResumePoint
 from ingest.model.snapshot import SnapshotChunk
@@ -26,6 +27,10 @@ class Riders(Protocol):
     """Work that rides on the stream's commits (an on-demand table snapshot)."""
 
     def due(self) -> bool: ...
+
+    def backfill(self, tables: Sequence[str]) -> bool: ...
+
+    def recorded(self) -> tuple[str, ...]: ...
 
     def before_commit(
         self, low_watermark: Nanos, transactions: Sequence[Transaction]
@@ -45,6 +50,10 @@ class WatchedColumnsPoll:
     log: Logger
     wall_clock: Callable[[], Nanos] = time.time_ns
     landed_columns: WatchedColumns = field(default_factory=dict)
+    known_columns: WatchedColumns = field(default_factory=dict)
+    """What the change log held before this process (``landed_watched_columns``)."""
+    read_defaults: Callable[[Nanos], set[tuple[str, str]]] | None = None
+    """(table, column) of the columns with a DEFAULT at a timestamp."""
     read_at: float | None = None
 
     def changes(self, low_watermark: Nanos, now: float) -> WatchedColumns:
@@ -65,6 +74,44 @@ class WatchedColumnsPoll:
 
     def landed(self, watched: WatchedColumns) -> None:
         self.landed_columns.update(watched)
+
+    def gained_columns(self, watched: WatchedColumns, low_watermark: Nanos) -> tuple[str, ...]:
+        """Tables of ``watched`` landed before that now have a column with a DEFAULT they
+        lacked (a new name or type, or a column placed after the last one: dropped and added
+        again). Spanner fills such a column's rows without a change record, so the table must
+        be read again; a column without one is NULL in every row, which the schema rows show."""
+        added: dict[str, set[str]] = {}
+        for table, columns in sorted(watched.items()):
+            before = self.landed_columns.get(table) or self.known_columns.get(table)
+            if not before:
+                continue
+            known = {(c.name, json_text(c.type)) for c in before}
+            last = max(c.ordinal_position for c in before)
+            names = {
+                c.name
+                for c in columns
+                if (c.name, json_text(c.type)) not in known or c.ordinal_position > last
+            }
+            if names:
+                added[table] = names
+        if not added:
+            return ()
+        defaulted = self._defaults(low_watermark)
+        return tuple(
+            table
+            for table, names in sorted(added.items())
+            if defaulted is None or any((table, name) in defaulted for name in names)
+        )
+
+    def _defaults(self, low_watermark: Nanos) -> set[tuple[str, str]] | None:
+        """The columns with a DEFAULT; None (read every table again) when unknown."""
+        if self.read_defaults is None:
+            return None
+        try:
+            return self.read_defaults(low_watermark)
+        except Exception as error:  # any failure: reading the table again is always right
+            self.log.warning("column_defaults_unread", cause=_first_line(error))
+            return None
 
 
 @dataclass
@@ -90,6 +137,10 @@ class Batcher:
     wall_clock: Callable[[], Nanos] = time.time_ns
     watched_columns: Callable[[Nanos], WatchedColumns] | None = None
     watched_interval_s: float = 10.0
+    known_columns: WatchedColumns = field(default_factory=dict)
+    """The watched columns the change log landed before this process started."""
+    column_defaults: Callable[[Nanos], set[tuple[str, str]]] | None = None
+    """Which columns have a DEFAULT at a timestamp (``read_column_defaults``)."""
     riders: Riders | None = None
     on_commit: Callable[[list[Transaction], Nanos], None] | None = None
     """Told of each commit's transactions and low watermark (the service's metrics)."""
@@ -103,7 +154,12 @@ class Batcher:
 
     def __post_init__(self) -> None:
         self._watched = WatchedColumnsPoll(
-            self.watched_columns, self.watched_interval_s, self.log, self.wall_clock
+            self.watched_columns,
+            self.watched_interval_s,
+            self.log,
+            self.wall_clock,
+            known_columns=self.known_columns,
+            read_defaults=self.column_defaults,
         )
 
     def on_release(self, release: Release) -> None:
@@ -136,11 +192,23 @@ class Batcher:
         point = self.resume_point
         if point is None:
             return
-        chunks, riders_due = (
-            self.riders.before_commit(point.low_watermark, self.pending)
-            if self.riders
-            else ([], False)
+        riders = self.riders
+        gained = (
+            self._watched.gained_columns(watched or {}, point.low_watermark)
+            if riders is not None
+            else ()
         )
+        asked = bool(gained) and riders is not None and riders.backfill(gained)
+        if gained and not asked:
+            watched = self._held_back(watched or {}, gained, "a table snapshot runs")
+        chunks, riders_due = (
+            riders.before_commit(point.low_watermark, self.pending) if riders else ([], False)
+        )
+        if asked and riders is not None:
+            if riders.recorded() == gained:
+                self.log.info("column_backfill_recorded", tables=list(gained))
+            else:
+                watched = self._held_back(watched or {}, gained, "the request was not recorded")
         if (
             not self.pending
             and not watched
@@ -175,6 +243,15 @@ class Batcher:
             )
         self.pending, self.pending_rows, self.pending_since = [], 0, None
         self.landed(point.low_watermark)
+
+    def _held_back(
+        self, watched: WatchedColumns, gained: tuple[str, ...], why: str
+    ) -> WatchedColumns:
+        """The schema rows of tables that gained a column land with the snapshot that reads
+        them again, never before it: held back, the next poll finds them again (a crash between
+        the two would leave the column's values unread for good)."""
+        self.log.warning("column_backfill_waiting", tables=list(gained), reason=why)
+        return {t: c for t, c in watched.items() if t not in gained}
 
     def landed(self, low_watermark: Nanos) -> None:
         """A commit up to ``low_watermark`` landed: the next checkpoint-only commit is due one

@@ -27,11 +27,12 @@ from ingest.changestream import query
 from ingest.changestream.config import reader_config
 from ingest.changestream.opening import OpenedStream, StreamAddress, open_stream
 from ingest.changestream.reader import ChangeStreamReader
-from ingest.changestream.watched_columns import read_watched_columns
+from ingest.changestream.watched_columns import read_column_defaults, read_watched_columns
 from ingest.contract.changelog import Checkpoint
 from ingest.delta.absent_keys import absent_keys, deleted_after, keys_of_earlier_jobs
 from ingest.delta.batcher import Batcher
 from ingest.delta.lease import start_moved, wait_for_lease
+from ingest.delta.schema_rows import landed_watched_columns
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.resume import ResumePoint, start_point
 from ingest.model.snapshot import SnapshotMode, SnapshotProgress
@@ -249,6 +250,8 @@ def _stream(
             read_watched_columns, opened.database, config.stream, opened.dialect
         ),
         watched_interval_s=config.watched_columns_interval_s,
+        known_columns=landed_watched_columns(sink.table()),
+        column_defaults=functools.partial(read_column_defaults, opened.database),
         riders=table_snapshots,
         on_commit=metrics.committed,
     )

@@ -150,6 +150,21 @@ class TableSnapshots:
             }
         return request.status, request.body
 
+    def backfill(self, tables: Sequence[str]) -> bool:
+        """Ask, without waiting, for a snapshot of ``tables`` recorded by the commit about to be
+        made (columns Spanner filled without change records: ``WatchedColumnsPoll``); False
+        while another one is asked for or runs."""
+        with self._lock:
+            if self._request is not None or self._recording is not None or self.running:
+                return False
+            self._request = _Request(tuple(sorted(set(tables))))
+        return True
+
+    def recorded(self) -> tuple[str, ...]:
+        """The tables whose snapshot the commit about to be made records (after
+        ``before_commit``); () when it records none."""
+        return () if self._recording is None else self._recording.tables
+
     def due(self) -> bool:
         """Whether the batcher should commit now for the snapshot's sake."""
         return self._request is not None or (self._readers is not None and self._readers.ready())

@@ -30,6 +30,7 @@ import structlog
 from ingest.contract.changelog import SCHEMA
 from ingest.delta.batcher import WatchedColumnsPoll
 from ingest.delta.sink import CommitResult, DeltaChangeLogSink, WriterFenced
+from ingest.model.records import WatchedColumns
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 from ingest.rules.assembler import IncompleteTransactionError, InconsistentTransactionError
 from ingest.rules.batches import BatchCut, BatchPlanError, PartitionRead, PartitionReport
@@ -150,6 +151,7 @@ class BatchLanding:
                 raise
             result = None  # superseded: another writer landed v + 1 while this query was down
         if result is not None and not result.replayed:
+            self._needs_backfill(watched, cut.low_watermark)
             self._watched.landed(watched)
             self._log.info(
                 "delta_commit",
@@ -198,6 +200,18 @@ class BatchLanding:
         if self._on_landed is not None:
             self._on_landed(landed)
         return landed
+
+    def _needs_backfill(self, watched: WatchedColumns, low_watermark: Nanos) -> None:
+        """The Spark source runs no table snapshot: a table whose new columns Spanner filled
+        without change records is named for the service to read again."""
+        gained = self._watched.gained_columns(watched, low_watermark)
+        if gained:
+            self._log.error(
+                "column_backfill_needed",
+                tables=list(gained),
+                remedy="run `python -m ingest run` and `python -m ingest snapshot-table` for "
+                "these tables: their added columns' values reach the change log only so",
+            )
 
     def _lag_s(self, low_watermark: Nanos) -> float:
         return round((self._wall_clock() - low_watermark) / NANOS_PER_SECOND, 3)

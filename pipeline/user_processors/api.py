@@ -38,11 +38,12 @@ OutputRow = Mapping[str, Any] | Sequence[Any]
 class Change:
     """One mod of a captured table, typed as the mirror types its columns.
 
-    ``values`` holds the columns the change carries (every column for ``NEW_ROW`` capture, the
-    changed ones for ``NEW_VALUES`` and ``NEW_ROW_AND_OLD_VALUES``; none for a delete);
-    ``old_values`` what ``OLD_AND_NEW_VALUES`` capture sends. ``column_types`` is each column's
-    Spark type as the change was written: after a STRING↔BYTES change, the same column
-    arrives as ``str`` in older changes and ``bytes`` in newer ones."""
+    ``values`` holds the columns the change carries (every column for ``NEW_ROW`` and
+    ``NEW_ROW_AND_OLD_VALUES`` captures, the changed ones for ``NEW_VALUES`` and
+    ``OLD_AND_NEW_VALUES``, Spanner's default; none for a delete); ``old_values`` what the
+    ``OLD_AND_NEW_VALUES`` and ``NEW_ROW_AND_OLD_VALUES`` captures send. ``column_types`` is
+    each column's Spark type as the change was written: after a STRING↔BYTES change, the same
+    column arrives as ``str`` in older changes and ``bytes`` in newer ones."""
 
     table: str
     kind: str
