@@ -1,35 +1,45 @@
 # syntax=docker/dockerfile:1
-# One image, two entry points: `ingest run` (the default) and `pipeline run`.
-# Build: docker build -t spanner-delta-cdc .   (no Docker engine on the development machines:
-# this file is checked statically by tests/test_deploy_files.py, never built there)
+# One image, every command: `ingest run` (the default), `ingest spark-run`, `pipeline run`.
+#   docker build -t spanner-delta-cdc .
+#   buildah bud --isolation chroot -t spanner-delta-cdc .       (sandboxed builders too)
+# `make image` builds it from a Debian base made with debootstrap (no registry needed) and
+# tests/test_image.py runs it; README "The image" has its size and timings.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# Build stage: the virtualenv with the product, and the Delta jars resolved from Maven Central,
-# so the running container downloads nothing.
+# Build stage: the virtualenv, and the Delta jars (and the object stores' connectors) resolved
+# from Maven Central, so the running container downloads nothing.
 FROM ${PYTHON_IMAGE} AS build
+# gs:// needs the GCS connector (37 MB), s3:// S3A with the AWS SDK's S3 modules (10 MB): leave
+# a store out with --build-arg CONNECTORS=gcs, or CONNECTORS= for local paths only.
+ARG CONNECTORS="gcs s3"
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
+# Dependencies first: a layer that changes only with pyproject.toml.
 COPY pyproject.toml README.md ./
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-cache-dir --upgrade pip \
+ && /opt/venv/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+ && /opt/venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt
+# The jars: a layer that changes only with the code that names them.
 COPY runtime runtime
+COPY pipeline/__init__.py pipeline/session.py pipeline/
+RUN /opt/venv/bin/python -m pipeline.session fetch /opt/jars $(for c in $CONNECTORS; do echo --$c; done)
 COPY ingest ingest
 COPY pipeline pipeline
 COPY emulator emulator
 COPY examples examples
-RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --upgrade pip \
- && /opt/venv/bin/pip install --no-cache-dir .
-RUN /opt/venv/bin/python -m pipeline.session fetch /opt/jars --gcs --s3 \
- && rm -rf /opt/jars/ivy
+RUN /opt/venv/bin/pip install --no-cache-dir --no-deps . \
+ && /opt/venv/bin/pip uninstall --yes pip
 
-# Runtime stage: slim Python, a headless JRE for Spark, the venv and the jars; no compilers,
-# no build tools, a non-root user.
+# Runtime stage: the Python base, a headless JRE for Spark, tini, the venv and the jars; no
+# compilers, no build tools, a non-root user.
 FROM ${PYTHON_IMAGE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini \
- && rm -rf /var/lib/apt/lists/* \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb \
  && useradd --uid 10001 --create-home --shell /usr/sbin/nologin cdc \
  && mkdir -p /data && chown cdc /data
 COPY --from=build /opt/venv /opt/venv
@@ -46,8 +56,9 @@ USER 10001
 WORKDIR /data
 # 8080: the ingest service's health and /metrics; 8081: the pipeline's /metrics.
 EXPOSE 8080 8081
-# The ingest service's liveness endpoint; the pipeline container turns this check off.
+# The ingest service's liveness endpoint on its health port; the pipeline container turns this
+# check off.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=60s --retries=3 \
-  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"]
+  CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ.get('INGEST_HEALTH_PORT', '8080')}/healthz\", timeout=2)"]
 ENTRYPOINT ["tini", "--", "python", "-m"]
 CMD ["ingest", "run"]

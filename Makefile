@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run-spark venv jars object-stores test lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency bench-mirror-size bench-width clean
+.PHONY: run-spark venv jars object-stores image test-base test lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency bench-mirror-size bench-width clean
 
 venv: $(STAMP)
 
@@ -32,7 +32,25 @@ object-stores: $(TOOLS)/minio
 $(TOOLS)/minio:
 	GOBIN=$(TOOLS) GOFLAGS=-modcacherw go install -trimpath $(MINIO_MODULE)
 
-test: venv jars object-stores
+# The repository's image, built as users build it (buildah's chroot isolation: a sandboxed
+# builder) from a Debian base made with debootstrap once (deploy/test-base.sh), for the
+# container tests (tests/test_image.py). Layers are cached: a code change rebuilds from the code.
+IMAGE ?= localhost/spanner-delta-cdc:test
+TEST_BASE ?= localhost/cdc-test-base:bookworm
+CONTAINER_TOOLS := /usr/bin/buildah /usr/sbin/debootstrap
+$(CONTAINER_TOOLS):
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap
+
+test-base: $(CONTAINER_TOOLS)
+	deploy/test-base.sh $(TEST_BASE)
+
+image: test-base
+	buildah bud --quiet --isolation chroot --layers --format docker \
+		--build-arg PYTHON_IMAGE=$(TEST_BASE) \
+		-t $(IMAGE) .
+
+test: venv jars object-stores image
 	$(PY) -m ruff check runtime ingest pipeline emulator tests bench examples
 	$(PY) -m mypy
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15

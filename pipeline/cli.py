@@ -123,10 +123,12 @@ def _described(evolution: Evolution) -> str:
     )
 
 
-def session_factory(config: config_module.PipelineConfig) -> Callable[[], Any]:
-    """The job's Spark session, built when first needed (``run`` and ``rebase``)."""
+def session_factory(config: config_module.PipelineConfig, log: Any) -> Callable[[], Any]:
+    """The job's Spark session, built when first needed (``run`` and ``rebase``); the JVM's
+    lines become the job's own events."""
     from pipeline.job import spark_settings
     from pipeline.session import build_session
+    from runtime.jvm import JvmLog
 
     return lambda: build_session(
         f"spanner-mirrors-{config.job_id}",
@@ -134,6 +136,7 @@ def session_factory(config: config_module.PipelineConfig) -> Callable[[], Any]:
         shuffle_partitions=config.shuffle_partitions,
         extra=spark_settings(config),
         storage_uris=(config.changelog_uri, config.mirror_root, config.checkpoint_uri),
+        jvm_output=JvmLog(log),
     )
 
 
@@ -142,7 +145,7 @@ def rebase(config: config_module.PipelineConfig) -> int:
 
     log = make_logger(sys.stdout, config.log_level).bind(component="pipeline")
     generation = rebase_on_demand(
-        config, log, session_factory(config), "on demand (python -m pipeline rebase)"
+        config, log, session_factory(config, log), "on demand (python -m pipeline rebase)"
     )
     print(
         f"ok: state generation {generation.number} seeded from the mirrors; the next run "
@@ -176,7 +179,7 @@ def run(config: config_module.PipelineConfig) -> int:
             config,
             log,
             stop,
-            session_factory(config),
+            session_factory(config, log),
             drain,
             metrics,
         )

@@ -9,12 +9,14 @@ run, so they are always set here.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from runtime.jvm import own_session
+from runtime.jvm import loopback_when_unresolvable, own_session
 from runtime.storage import S3_SCHEMES, scheme_of, spark_config
 
 DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
@@ -27,14 +29,16 @@ S3_JAR_URLS = tuple(
     f"https://repo1.maven.org/maven2/{path}"
     for path in (
         "org/apache/hadoop/hadoop-aws/3.5.0/hadoop-aws-3.5.0.jar",
-        "software/amazon/awssdk/bundle/2.35.4/bundle-2.35.4.jar",
         "software/amazon/s3/analyticsaccelerator/analyticsaccelerator-s3/1.3.1/"
         "analyticsaccelerator-s3-1.3.1.jar",
     )
 )
+S3_SDK_PACKAGES = tuple(
+    f"software.amazon.awssdk:{module}:2.35.4" for module in ("s3", "s3-transfer-manager", "sts")
+)
 """S3A for s3:// and s3a:// (``fetch DIR --s3``): hadoop-aws of the Hadoop that PySpark ships
-(3.5.0) and the AWS SDK it was built with. Kept in ``<jars>/s3/`` and added to a session only
-when one of its URIs is on S3: the SDK bundle is 690 MB, which every executor would copy."""
+(3.5.0) and the modules of the AWS SDK version it was built with that S3A uses. Kept in
+``<jars>/s3/`` and added to a session only when one of its URIs is on S3."""
 JARS_VARIABLE = "SPARK_DELTA_JARS"
 DEFAULT_JARS_DIR = Path(__file__).resolve().parent.parent / ".jars"
 
@@ -64,8 +68,10 @@ def build_session(
     shuffle_partitions: int = 4,
     extra: Mapping[str, str] | None = None,
     storage_uris: Sequence[str] = (),
+    jvm_output: Callable[[str], None] | None = None,
 ):  # -> pyspark.sql.SparkSession (imported lazily: pyspark is heavy)
-    """A session with the Delta jars, and S3A's when any of ``storage_uris`` is on S3."""
+    """A session with the Delta jars, and S3A's when any of ``storage_uris`` is on S3; the
+    JVM's lines to ``jvm_output`` when given (``runtime.jvm.JvmLog``)."""
     from pyspark.sql import SparkSession
 
     jars = sorted(jars_dir().glob("*.jar"))
@@ -87,7 +93,8 @@ def build_session(
     }
     for key, value in settings.items():
         builder = builder.config(key, value)
-    with own_session():  # a stop signal to the job's group reaches Python only
+    loopback_when_unresolvable(master)
+    with own_session(jvm_output):  # a stop signal to the job's group reaches Python only
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
@@ -95,26 +102,72 @@ def build_session(
 
 def fetch_jars(destination: Path) -> list[Path]:
     """Resolve the Delta package and its dependencies from Maven Central into ``destination``."""
+    return resolve((DELTA_PACKAGE,), destination)
+
+
+def fetch_s3_jars(destination: Path) -> list[Path]:
+    """S3A into ``destination``: hadoop-aws and the analytics accelerator, and the AWS SDK's
+    S3, transfer manager and STS modules with their dependencies (about 10 MB) in place of its
+    690 MB bundle, which holds every AWS service."""
+    from urllib.request import urlretrieve
+
+    fetched = resolve(S3_SDK_PACKAGES, destination)
+    for url in S3_JAR_URLS:
+        jar = destination / url.rsplit("/", 1)[1]
+        urlretrieve(url, jar)
+        fetched.append(jar)
+    return fetched
+
+
+def resolve(packages: Sequence[str], destination: Path) -> list[Path]:
+    """Maven packages and their dependencies into ``destination`` (its jars replaced), less
+    the jars Spark ships: the class loader would find Spark's (newer) ones first. In a process
+    of its own: Spark resolves packages only when it launches its JVM."""
+    command = [sys.executable, "-m", "pipeline.session", "resolve", str(destination), *packages]
+    subprocess.run(command, check=True)
+    return sorted(destination.glob("*.jar"))
+
+
+def _resolve_here(packages: Sequence[str], destination: Path) -> None:
     from pyspark.sql import SparkSession
 
     ivy = destination / "ivy"
+    loopback_when_unresolvable("local[1]")
     session = (
         SparkSession.builder.master("local[1]")
-        .config("spark.jars.packages", DELTA_PACKAGE)
+        .config("spark.jars.packages", ",".join(packages))
         .config("spark.jars.ivy", str(ivy))
         .config("spark.ui.enabled", "false")
         .getOrCreate()
     )
     session.stop()
-    copied = []
+    shipped = {artifact(jar.name) for jar in spark_jars_dir().glob("*.jar")}
+    for old in destination.glob("*.jar"):
+        old.unlink()
     for jar in sorted((ivy / "jars").glob("*.jar")):
-        target = destination / jar.name
-        shutil.copy2(jar, target)
-        copied.append(target)
-    return copied
+        if artifact(jar.name.split("_", 1)[-1]) not in shipped:
+            shutil.copy2(jar, destination / jar.name)
+    shutil.rmtree(ivy)
+
+
+def spark_jars_dir() -> Path:
+    """The jars PySpark ships (Spark's own classpath)."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent / "jars"
+
+
+def artifact(jar_name: str) -> str:
+    """A jar file's artifact name without its version: ``hadoop-client-api-3.4.2.jar`` →
+    ``hadoop-client-api``; Ivy's ``group_artifact-version.jar`` after its group."""
+    found = re.match(r"(.+?)-(\d[\w.\-]*)\.jar$", jar_name)
+    return found.group(1) if found else jar_name.removesuffix(".jar")
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["resolve"]:
+        _resolve_here(sys.argv[3:], Path(sys.argv[2]))
+        sys.exit(0)
     if sys.argv[1:2] != ["fetch"]:
         sys.exit("usage: python -m pipeline.session fetch [DIR] [--gcs] [--s3]")
     arguments = [a for a in sys.argv[2:] if a not in ("--gcs", "--s3")]
@@ -128,11 +181,6 @@ if __name__ == "__main__":
         urlretrieve(GCS_CONNECTOR_URL, connector)
         fetched.append(connector)
     if "--s3" in sys.argv:
-        from urllib.request import urlretrieve
-
         (target / "s3").mkdir(exist_ok=True)
-        for url in S3_JAR_URLS:
-            jar = target / "s3" / url.rsplit("/", 1)[1]
-            urlretrieve(url, jar)
-            fetched.append(jar)
+        fetched += fetch_s3_jars(target / "s3")
     print(f"{len(fetched)} jars in {target}")

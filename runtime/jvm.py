@@ -12,24 +12,111 @@ docs/operations.md.)
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+import re
+import socket
+import subprocess
+import threading
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any
+
+import structlog
+
+Logger = structlog.typing.FilteringBoundLogger
+LOG4J_LINE = re.compile(
+    r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR|FATAL) ([^:]+): ?"
+)
+"""Spark's default log4j2 pattern: ``%d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex``."""
+WORKER_CHATTER = re.compile(r"^Streaming \w+ Python worker ")
+"""PySpark's transformWithState workers report each UDF's start and end with whole schemas."""
 
 
 @contextlib.contextmanager
-def own_session() -> Iterator[None]:
+def own_session(output: Callable[[str], None] | None = None) -> Iterator[None]:
     """While entered, PySpark launches its JVM with ``start_new_session``: wrap the session's
     ``getOrCreate()``. PySpark offers ``popen_kwargs`` only to ``launch_gateway``, which
-    ``getOrCreate`` does not pass on, so its ``Popen`` is wrapped for the call."""
+    ``getOrCreate`` does not pass on, so its ``Popen`` is wrapped for the call. With ``output``,
+    every line the JVM writes (log4j, Spark's banner, its Python workers' stderr) is handed to
+    it from a thread, instead of going to the process's own stdout and stderr."""
     from pyspark import java_gateway
 
     launch = java_gateway.Popen
 
     def popen(*args: Any, **kwargs: Any) -> Any:
-        return launch(*args, **{**kwargs, "start_new_session": True})
+        if output is None:
+            return launch(*args, **{**kwargs, "start_new_session": True})
+        piped = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+        process = launch(*args, **{**kwargs, "start_new_session": True, **piped})
+        threading.Thread(
+            target=_relay, args=(process.stdout, output), name="jvm-output", daemon=True
+        ).start()
+        return process
 
     java_gateway.Popen = popen  # type: ignore[misc,assignment]
     try:
         yield
     finally:
         java_gateway.Popen = launch  # type: ignore[misc]
+
+
+def loopback_when_unresolvable(
+    master: str | None, environ: MutableMapping[str, str] = os.environ
+) -> None:
+    """A local master's driver binds to the loopback when the host's own name does not resolve
+    (sandboxed builders, some pods): Spark asks ``InetAddress.getLocalHost`` otherwise, and the
+    JVM fails to start (``UnknownHostException``). Values already set win; a cluster's driver
+    keeps its address."""
+    if not (master or "").startswith("local") or _resolves(socket.gethostname()):
+        return
+    environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    environ.setdefault("SPARK_LOCAL_HOSTNAME", "localhost")
+
+
+def _resolves(host: str) -> bool:
+    try:
+        socket.gethostbyname(host)
+    except OSError:
+        return False
+    return True
+
+
+def _relay(stream: Iterable[str], output: Callable[[str], None]) -> None:
+    for line in stream:
+        output(line.rstrip("\n"))
+
+
+class JvmLog:
+    """The JVM's lines as the process's own events (``jvm_output``): a log4j line at its level
+    with its logger, a line under it (a stack trace) at the same level; PySpark's workers'
+    per-UDF reports at debug; blank lines dropped."""
+
+    def __init__(self, log: Logger) -> None:
+        self._log = log
+        self._level = "info"
+
+    def __call__(self, line: str) -> None:
+        if not line.strip():
+            return
+        header = LOG4J_LINE.match(line)
+        if header is not None:
+            self._level = _LEVELS[header.group(1)]
+            self._log.log(
+                _NUMBERS[self._level],
+                "jvm_output",
+                logger=header.group(2),
+                message=line[header.end() :],
+            )
+            return
+        level = "debug" if WORKER_CHATTER.match(line) else self._level
+        self._log.log(_NUMBERS[level], "jvm_output", message=line)
+
+
+_LEVELS = {
+    "TRACE": "debug",
+    "DEBUG": "debug",
+    "INFO": "info",
+    "WARN": "warning",
+    "ERROR": "error",
+    "FATAL": "critical",
+}
+_NUMBERS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}

@@ -76,7 +76,9 @@ def test_dockerfile_is_multistage_slim_non_root_with_a_healthcheck() -> None:
         assert compiler not in installs, compiler
     assert "jre-headless" in installs
     health = " ".join(instruction(final, "HEALTHCHECK"))
-    assert f"127.0.0.1:{HEALTH_PORT}/healthz" in health and '"/healthz"' in SERVICE_SOURCE
+    port = "{os.environ.get('INGEST_HEALTH_PORT', '" + str(HEALTH_PORT) + "')}"
+    assert f"127.0.0.1:{port}/healthz" in health
+    assert '"/healthz"' in SERVICE_SOURCE
     assert instruction(final, "ENTRYPOINT")[0].endswith('"python", "-m"]')
     module_exists(yaml.safe_load(instruction(final, "CMD")[0]))
     build = " ".join(instruction(stages[0], "RUN"))

@@ -272,6 +272,8 @@ def test_a_change_log_handed_from_the_service_to_the_spark_source_and_back(
             tmp_path / "spark-checkpoint",
             tmp_path / f"spark-source-{n}.log",
             start,
+            # a driver renews its lease with each batch: longer than a batch on a loaded machine
+            INGEST_LEASE_S="30",
         )
         for n in (1, 2)
     ]

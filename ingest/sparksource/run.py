@@ -24,8 +24,9 @@ from typing import Any
 import pyarrow as pa
 import structlog
 
-from ingest.changestream.watched_columns import read_watched_columns
+from ingest.changestream.watched_columns import read_column_defaults, read_watched_columns
 from ingest.delta.batcher import WatchedColumnsPoll
+from ingest.delta.schema_rows import landed_watched_columns
 from ingest.model.snapshot import SnapshotMode
 from ingest.rules.batches import PartitionRead
 from ingest.service.config import ServiceConfig
@@ -36,7 +37,7 @@ from ingest.sparksource.rows import BatchIdentity
 from ingest.sparksource.snapshot import SparkSnapshotSettings, snapshot_in_tasks
 from ingest.sparksource.source import NAME, WAVE, ChangeStreamDataSource, SourceOptions, wave_json
 from runtime.errors import BadInput, ReportedError
-from runtime.jvm import own_session
+from runtime.jvm import JvmLog, loopback_when_unresolvable, own_session
 from runtime.options import in_range, integer, load_options, non_empty, seconds
 from runtime.storage import STORE_ENVIRONMENT
 
@@ -146,7 +147,7 @@ def run_spark_source(
     metrics.ingest.sources.landed_watermark = job.resume.low_watermark
     metrics.ingest.sources.snapshot = lambda: sink.table_snapshot or sink.snapshot
     close_metrics = metrics.serve(config.health_port) if config.health_port else None
-    session = spark_session(spark)
+    session = spark_session(spark, JvmLog(log))
     try:
         if snapshot is not None and not snapshot.complete:
             snapshot = snapshot_in_tasks(
@@ -210,6 +211,8 @@ def _read_stream(
         lambda at: read_watched_columns(opened.database, config.stream, opened.dialect, at),
         config.watched_columns_interval_s,
         log,
+        known_columns=landed_watched_columns(sink.table()),
+        read_defaults=lambda at: read_column_defaults(opened.database, at),
     )
     landing = BatchLanding(
         sink,
@@ -292,7 +295,7 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0][:500] if text.strip() else "unknown failure"
 
 
-def spark_session(spark: SparkSourceConfig) -> Any:
+def spark_session(spark: SparkSourceConfig, jvm_output: Callable[[str], None] | None = None) -> Any:
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -307,7 +310,8 @@ def spark_session(spark: SparkSourceConfig) -> Any:
     for name in sorted(os.environ):
         if name in forwarded or name in STORE_ENVIRONMENT or name.startswith("AWS_"):
             builder = builder.config(f"spark.executorEnv.{name}", os.environ[name])
-    with own_session():  # a stop signal to the driver's group reaches Python only
+    loopback_when_unresolvable(spark.master)
+    with own_session(jvm_output):  # a stop signal to the driver's group reaches Python only
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session

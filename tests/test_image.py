@@ -1,0 +1,175 @@
+"""The product as users get it: the repository's image (``make image``), its three long-running
+commands started from it as its non-root user against the emulator with the sample workload.
+
+The ingest service (snapshot at start), the pipeline, a kill -9 of the pipeline's container and
+a new one, a hand-over to ``spark-run`` (local master) and back, each stop through tini: every
+committed transaction once in the change log, the mirrors equal to Spanner at W, the probes and
+the HEALTHCHECK as Kubernetes and the image expect them, and every line the containers wrote
+one JSON object with a level.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from emulator.processes import kill_tree
+from emulator.server import free_port
+from emulator.verify import changelog_watermark
+from emulator.workload import load_existing_rows
+from tests.checks import assert_mirrors_equal, compare_at_watermark
+from tests.containers import IMAGE, Container, not_json, status
+from tests.delta_checks import assert_change_log_invariants
+from tests.processes import background_workload, wait_until_landed
+
+pytestmark = pytest.mark.emulator
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def containers(tmp_path: Path) -> Iterator[Callable[..., Container]]:
+    made: list[Container] = []
+
+    def make(name: str, **env: str) -> Container:
+        container = Container(
+            f"cdc-{name}-{os.getpid()}-{len(made)}", volume, tmp_path / f"{name}.log", env
+        )
+        made.append(container)
+        return container
+
+    volume = tmp_path / "data"
+    volume.mkdir()
+    volume.chmod(0o777)  # the image's user (uid 10001) writes the tables there
+    if subprocess.run(["buildah", "inspect", IMAGE], capture_output=True).returncode != 0:
+        pytest.fail(f"no image {IMAGE}: `make image` builds it (make test does)")
+    yield make
+    for container in made:
+        container.remove()
+
+
+def wait(
+    condition: Callable[[], bool],
+    what: str,
+    timeout: float,
+    container: Container,
+    process: subprocess.Popen[bytes],
+) -> float:
+    """Seconds until ``condition`` held; fails at once when the container exits."""
+    started = time.monotonic()
+    while not condition():
+        assert process.poll() is None, (
+            f"{what}: exited {process.returncode}: {container.lines()[-5:]}"
+        )
+        assert time.monotonic() - started < timeout, f"{what}: not within {timeout} s"
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+def probes() -> dict[str, str]:
+    """The ingest Deployment's probe paths by kind (deploy/kubernetes/ingest.yaml)."""
+    documents = list(yaml.safe_load_all((ROOT / "deploy/kubernetes/ingest.yaml").read_text()))
+    deployment = next(d for d in documents if d and d.get("kind") == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {
+        kind: container[kind]["httpGet"]["path"]
+        for kind in ("livenessProbe", "readinessProbe")
+        if kind in container
+    }
+
+
+def test_the_image_runs_the_product_and_every_line_is_json(
+    new_database, containers: Callable[..., Container], tmp_path: Path
+) -> None:
+    seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
+    rng = random.Random(seed)
+    database = new_database("googlesql", accounts=200)
+    load_existing_rows(database, accounts=200, transfers=300, all_types=50, seed=seed)
+    health, metrics = free_port(), free_port()
+    spanner = {
+        "SPANNER_EMULATOR_HOST": os.environ["SPANNER_EMULATOR_HOST"],
+        "SPANNER_PROJECT": "local-project",
+        "SPANNER_INSTANCE": "local-instance",
+        "SPANNER_DATABASE": database.database_id,
+        "SPANNER_CHANGE_STREAM": "all_changes",
+        "INGEST_HEALTH_PORT": str(health),
+        "TINI_SUBREAPER": "1",  # tini is PID 1 under an engine; here it reaps as if it were
+    }
+    ingest = containers("ingest", **spanner)
+    source = containers(
+        "spark-run",
+        **spanner,
+        INGEST_SPARK_MASTER="local[2]",
+        INGEST_SPARK_CHECKPOINT_URI="/data/spark-checkpoint",
+    )
+    pipeline = containers(
+        "pipeline",
+        PIPELINE_MASTER="local[2]",
+        PIPELINE_METRICS_PORT=str(metrics),
+        TINI_SUBREAPER="1",
+    )
+    url = f"http://127.0.0.1:{health}"
+    running: list[subprocess.Popen[bytes]] = []
+    stop_workload = threading.Event()
+    try:
+        started = ingest.run()
+        running.append(started)
+        ready = probes()["readinessProbe"]
+        ready_s = wait(lambda: status(f"{url}{ready}") == 200, "/readyz", 300, ingest, started)
+        workload, stop_workload, committed = background_workload(database, 600, 10, seed)
+        assert status(f"{url}{probes()['livenessProbe']}") == 200
+        assert status(f"{url}/metrics") == 200
+        assert ingest.healthcheck() == 0, "HEALTHCHECK fails on a healthy service"
+
+        job = pipeline.run("pipeline", "run")
+        running.append(job)
+        first_batch_s = wait(
+            lambda: pipeline.count("pipeline_batch") >= 1, "first batch", 600, pipeline, job
+        )
+        print(f"seed {seed}: /readyz after {ready_s:.1f} s, first batch {first_batch_s:.1f} s")
+        time.sleep(rng.uniform(0, 3))
+        pipeline.kill(job)
+        job = pipeline.run("pipeline", "run")
+        running.append(job)
+
+        ingest.signal(started, signal.SIGTERM)
+        assert started.wait(timeout=90) == 0, ingest.lines()[-20:]
+        assert ingest.healthcheck() != 0, "HEALTHCHECK passes with no service"
+        driver = source.run("ingest", "spark-run")
+        running.append(driver)
+        wait(lambda: source.count("spark_batch") >= 3, "spark-run batches", 600, source, driver)
+        source.signal(driver, signal.SIGTERM)
+        assert driver.wait(timeout=120) == 0, source.lines()[-20:]
+
+        started = ingest.run()
+        running.append(started)
+        wait(lambda: status(f"{url}{ready}") == 200, "/readyz again", 300, ingest, started)
+        stop_workload.set()
+        workload.join()
+        wait_until_landed(tmp_path / "data" / "changelog", len(committed), timeout=300)
+        ingest.signal(started, signal.SIGTERM)
+        assert started.wait(timeout=90) == 0, ingest.lines()[-20:]
+        pipeline.signal(job, signal.SIGUSR1)  # drain: what the change log holds, then exit
+        assert job.wait(timeout=600) == 0, pipeline.lines()[-20:]
+    finally:
+        stop_workload.set()
+        for process in running:
+            if process.poll() is None:
+                kill_tree(process)
+
+    changelog = tmp_path / "data" / "changelog"
+    assert changelog_watermark(str(changelog)) is not None
+    assert_change_log_invariants(changelog, committed)
+    _, comparisons = compare_at_watermark(database, str(changelog), str(tmp_path / "data/mirrors"))
+    assert_mirrors_equal(comparisons, f"seed {seed}")
+    assert all(c.mirror_rows > 0 for c in comparisons), comparisons
+    for container in (ingest, source, pipeline):
+        assert not_json(container.lines()) == [], container.log
