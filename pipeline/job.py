@@ -293,7 +293,6 @@ class BatchLanding:
         started = time.monotonic()
         if self._app_id is None:
             self._app_id = f"{config.job_id}:{checkpoint_id(config.checkpoint_uri)}"
-            self._changelog_id = cut.changelog_id(config.changelog_uri)
         self._lease()
         offset = cut.batch_end_offset(config.checkpoint_uri, batch_id)
         landed = self._landed(batch_id, offset)
@@ -321,10 +320,7 @@ class BatchLanding:
             batch.unpersist()
         self._lease()
         if offset is not None:
-            position = cut.Cut(
-                cut.next_version(offset), self._generation.number, batch_id, self._changelog_id
-            )
-            cut.record(config.mirror_root, position)
+            cut.record(config.mirror_root, self._cut(offset, batch_id))
         batch_log.record(
             config.mirror_root,
             replace(
@@ -349,6 +345,14 @@ class BatchLanding:
             merged_on="driver" if result.merged_on_driver else "spark" if result.rows else "-",
             bytes=result.bytes,
             seconds=round(time.monotonic() - started, 3),
+        )
+
+    def _cut(self, offset: dict[str, object], batch_id: int) -> cut.Cut:
+        """Where the mirrors stand after this batch, naming the change log they belong to."""
+        if not self._changelog_id:
+            self._changelog_id = cut.changelog_id(self._config.changelog_uri)
+        return cut.Cut(
+            cut.next_version(offset), self._generation.number, batch_id, self._changelog_id
         )
 
     @property

@@ -791,3 +791,42 @@ def test_a_layout_3_checkpoint_keeps_timestamps_and_any_year_reads_back(spark, t
     }
     history = SchemaRegistry(config.checkpoint_uri).history()
     assert [d.layout for d in history] == [3, 4]
+
+
+def test_spanner_s_first_and_last_instants_on_hosts_east_and_west_of_utc(tmp_path: Path) -> None:
+    """``python -m pipeline run`` at UTC, then on a host at UTC+14, then at UTC-12: keys written
+    at years 1 and 9999 are changed in each later run (their state read back) and every mirror
+    value stays exact (PySpark read a state timestamp through the local time zone: "year 0 is out of
+    range" at UTC and west of it, "year 10000" east of it)."""
+    from tests.processes import Pipeline
+
+    config = configure(tmp_path)
+    changelog = ChangeLog(
+        config.changelog_uri, columns={"events": EVENTS}, value_capture_type="NEW_VALUES"
+    )
+    first, last = "0001-01-01T00:00:00Z", "9999-12-31T23:59:59.999999Z"
+    changelog.commit(
+        ("events", "INSERT", {"event_id": "1"}, {"at": first, "note": "a"}),
+        ("events", "INSERT", {"event_id": "2"}, {"at": last, "note": "b"}),
+    )
+    changelog.land()
+    pipeline = Pipeline(config.changelog_uri, tmp_path, tmp_path / "pipeline.log")
+    for zone, stage in (("Etc/UTC", ""), ("Etc/GMT-14", "a2"), ("Etc/GMT+12", "a3")):
+        if stage:  # both keys read back from state, then written again
+            changelog.commit(
+                ("events", "UPDATE", {"event_id": "1"}, {"note": stage}),
+                ("events", "UPDATE", {"event_id": "2"}, {"note": stage}),
+            )
+            changelog.land()
+        pipeline.env["TZ"] = zone
+        ran = pipeline.start("--trigger", "available-now")
+        assert ran.wait(timeout=600) == 0, pipeline.log.read_text()[-3000:]
+    rows = {
+        r["event_id"]: (r["at"], r["note"])
+        for r in scan(DeltaTable(mirror_uri(str(tmp_path / "mirrors"), "events"))).to_pylist()
+    }
+    utc = datetime.UTC
+    assert rows == {
+        1: (datetime.datetime(1, 1, 1, tzinfo=utc), "a3"),
+        2: (datetime.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=utc), "a3"),
+    }

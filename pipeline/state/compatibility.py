@@ -34,6 +34,8 @@ _WIDENINGS = {
 _SAME_AVRO = {("timestamp", "bigint")}
 """Changes of Spark type that keep the Avro type: a timestamp is an Avro long of epoch
 microseconds, read as a bigint unchanged (state layout 4 keeps TIMESTAMP so)."""
+ALLOWED_TYPE_CHANGES = frozenset(_WIDENINGS | _SAME_AVRO)
+"""Every (old, new) Spark type change a state field may make."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,7 +322,7 @@ def _compare_type(
             ]
         return _compare_type(variable, f"{path}{{}}", old.valueType, new.valueType, confirmed_drops)
     pair = (old.simpleString(), new.simpleString())
-    if pair in _WIDENINGS or pair in _SAME_AVRO:
+    if pair in ALLOWED_TYPE_CHANGES:
         return []
     rule = "narrowing" if (pair[1], pair[0]) in _WIDENINGS else "type change"
     return [
