@@ -26,6 +26,7 @@ RUN python -m venv /opt/venv \
 # The jars: a layer that changes only with the code that names them.
 COPY runtime runtime
 COPY pipeline/__init__.py pipeline/session.py pipeline/
+# hadolint ignore=SC2086
 RUN /opt/venv/bin/python -m pipeline.session fetch /opt/jars $(for c in $CONNECTORS; do echo --$c; done)
 COPY ingest ingest
 COPY pipeline pipeline

@@ -168,7 +168,7 @@ def latency(flush_ms: int, seconds: float, rate: float) -> None:
                 last = parse_rfc3339(stats["maxValues"]["commit_timestamp_text"]) / 1e6
                 latencies += [visible_ms - first, visible_ms - last]
     print(
-        f"latency at flush {flush_ms} ms, heartbeat 100 ms ({committed} transactions at "
+        f"latency at flush {flush_ms} ms, heartbeat 1000 ms ({committed} transactions at "
         f"{rate:.0f}/s): commit→Delta-visible p50 {percentile(latencies, 0.5):.0f} ms, "
         f"p99 {percentile(latencies, 0.99):.0f} ms (oldest and newest row of each file)"
     )

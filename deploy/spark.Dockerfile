@@ -6,7 +6,7 @@
 # pyproject.toml before building.
 ARG SPARK_IMAGE=apache/spark:4.2.0-scala2.13-java17-python3-ubuntu
 FROM ${SPARK_IMAGE}
-USER root
+USER 0
 WORKDIR /opt/spanner-cdc
 COPY pyproject.toml README.md ./
 COPY runtime runtime
@@ -21,4 +21,5 @@ RUN python3 -m pip install --no-cache-dir . \
 ENV SPARK_DELTA_JARS=/opt/spanner-cdc/jars
 # The driver's /metrics (PIPELINE_METRICS_PORT).
 EXPOSE 8081
-USER spark
+# 185 is the image's own spark user
+USER 185

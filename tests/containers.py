@@ -54,6 +54,8 @@ class Container:
     def __init__(self, name: str, volume: Path, log: Path, env: dict[str, str]) -> None:
         self.config = ImageConfig.of(IMAGE)
         self.volume, self.log, self.env = volume, log, env
+        # a container of this name left by a run that was killed (process ids come back)
+        subprocess.run(["buildah", "rm", name], capture_output=True, check=False)
         self.id = subprocess.run(
             ["buildah", "from", "--name", name, IMAGE],
             capture_output=True,

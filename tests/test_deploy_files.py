@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +252,38 @@ def test_dashboards_and_alerts_name_only_exported_metrics() -> None:
         for pod in pods:
             assert pod["labels"]["app.kubernetes.io/name"] == monitored, process
     assert '"/metrics"' in SERVICE_SOURCE
+
+
+def test_the_kubernetes_manifests_pass_the_kubernetes_schemas() -> None:
+    """Every resource of the Deployments' files, strictly (no field the schema lacks), against
+    the schemas kubernetes-validate ships. The SparkApplication is the operator's own kind, whose
+    schema is not kept here (docs/limitations.md)."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kubernetes_validate",
+            "--strict",
+            str(ROOT / "deploy/kubernetes/ingest.yaml"),
+            str(ROOT / "deploy/kubernetes/pipeline.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    passed = [line for line in result.stdout.splitlines() if " passed for resource " in line]
+    assert len(passed) == 6, result.stdout
+
+
+def test_the_dockerfiles_pass_hadolint() -> None:
+    """hadolint with the repository's .hadolint.yaml (what it ignores, and why)."""
+    hadolint = Path(sys.executable).parent / "hadolint"
+    result = subprocess.run(
+        [str(hadolint), "Dockerfile", "deploy/spark.Dockerfile"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -114,6 +114,8 @@ def test_the_image_runs_the_product_and_every_line_is_json(
         "pipeline",
         PIPELINE_MASTER="local[2]",
         PIPELINE_METRICS_PORT=str(metrics),
+        # after the kill -9, the next container starts once the lock is this old (exit 2 before)
+        PIPELINE_LOCK_STALE_S="5",
         TINI_SUBREAPER="1",
     )
     url = f"http://127.0.0.1:{health}"
@@ -137,6 +139,7 @@ def test_the_image_runs_the_product_and_every_line_is_json(
         print(f"seed {seed}: /readyz after {ready_s:.1f} s, first batch {first_batch_s:.1f} s")
         time.sleep(rng.uniform(0, 3))
         pipeline.kill(job)
+        time.sleep(6)  # the killed job's lock goes stale (PIPELINE_LOCK_STALE_S)
         job = pipeline.run("pipeline", "run")
         running.append(job)
 

@@ -1,0 +1,88 @@
+"""``python -m ingest spark-run`` started again and again as a user starts it (issue 41): in an
+environment no harness prepared (``emulator.processes.Process`` hands the product none of what
+``runtime/process.py`` sets), with CPU-bound load beside it. The driver opens Spanner before
+Spark launches its JVM; with gRPC's fork handlers on, that launch died in 2 of 5 starts on a
+loaded machine. Prints one line: starts, started, died.
+
+    python bench/spark_run_starts.py --starts 10 --load 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from google.cloud import spanner
+
+from emulator.bootstrap import bootstrap
+from emulator.processes import Process, kill_tree
+from emulator.server import emulator
+
+
+def start_once(database_id: str, folder: Path, number: int) -> bool:
+    """One driver from nothing to ``spark_source_started``; True when it got there."""
+    driver = Process(
+        ["-m", "ingest", "spark-run"],
+        folder / f"driver-{number}.log",
+        {
+            "SPANNER_DATABASE": database_id,
+            "INGEST_TABLE_URI": str(folder / "changelog"),
+            "INGEST_SPARK_CHECKPOINT_URI": str(folder / "checkpoint"),
+            "INGEST_SPARK_MASTER": "local[1]",
+            "INGEST_SNAPSHOT_MODE": "never",
+            "INGEST_HEALTH_PORT": "0",
+        },
+    )
+    process = driver.start()
+    deadline = time.monotonic() + 300
+    try:
+        while driver.count("spark_source_started") == 0:
+            if process.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGTERM)
+        return process.wait(timeout=120) == 0
+    finally:
+        if process.poll() is None:
+            kill_tree(process)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--starts", type=int, default=10)
+    parser.add_argument("--load", type=int, default=1, help="busy processes beside the starts")
+    args = parser.parse_args()
+    print(
+        f"machine: {platform.machine()} {os.cpu_count()} cores, python "
+        f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}"
+    )
+    busy = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)
+    ]
+    try:
+        with emulator() as running, tempfile.TemporaryDirectory() as work:
+            os.environ["SPANNER_EMULATOR_HOST"] = running.host_port
+            database = bootstrap(spanner.Client(project="local-project"), database_id="starts")
+            outcomes = [
+                start_once(database.database_id, Path(work), n) for n in range(args.starts)
+            ]
+    finally:
+        for process in busy:
+            process.kill()
+    started = sum(outcomes)
+    print("starts\tstarted\tdied")
+    print(f"{args.starts}\t{started}\t{args.starts - started}")
+    return 0 if started == args.starts else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
