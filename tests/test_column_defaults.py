@@ -39,9 +39,9 @@ from tests.processes import Pipeline, Service
 
 pytestmark = pytest.mark.emulator
 
-STREAM = "default_changes"
-"""The sample's stream created without options (OLD_AND_NEW_VALUES, what most users have), set
-to watch this test's tables too."""
+STREAM = "defaults_for_all"
+"""A stream created without options (OLD_AND_NEW_VALUES, what most users have), FOR ALL: a
+third stream on the sample's accounts, the most Spanner allows."""
 TABLES = ("orders", "quiet")
 Row = dict[str, Any]
 
@@ -162,7 +162,7 @@ def test_added_columns_reach_mirrors_histories_and_the_feed_on_a_default_stream(
         database,
         "CREATE TABLE orders (id INT64 NOT NULL, note STRING(MAX)) PRIMARY KEY (id)",
         "CREATE TABLE quiet (id INT64 NOT NULL, v INT64) PRIMARY KEY (id)",
-        f"ALTER CHANGE STREAM {STREAM} SET FOR transfers, all_types, orders, quiet",
+        f"CREATE CHANGE STREAM {STREAM} FOR ALL",
     )
     changelog = tmp_path / "changelog"
     service = Service(
