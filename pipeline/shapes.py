@@ -277,7 +277,8 @@ class _Seen:
     @classmethod
     def of(cls, observed: Iterable[Interval]) -> _Seen:
         seen = cls()
-        for interval in sorted(observed, key=lambda interval: interval.last):
+        intervals = sorted(observed, key=lambda interval: interval.last)
+        for interval in intervals:
             table = interval.table
             seen.through[table] = max(seen.through.get(table, ""), interval.last)
             listed = parse_column_types(interval.column_types)
@@ -292,17 +293,17 @@ class _Seen:
             if interval.every_column:
                 names = frozenset(c.name for c in listed)
                 seen.complete.setdefault(table, []).append((interval, names))
-        seen.add_uncarried_columns(observed)
+        seen.add_uncarried_columns(intervals)
         return seen
 
-    def add_uncarried_columns(self, observed: Iterable[Interval]) -> None:
+    def add_uncarried_columns(self, intervals: list[Interval]) -> None:
         """Columns of a table that schema rows list and no change record carried yet: a column
         added to a table nobody writes since, or one whose records list changed columns only.
         Every row holds NULL there (an added column with a DEFAULT is read again by the ingest,
         whose snapshot rows carry it), so the mirror has it from the schema rows, with the type
-        of its newest listing."""
+        of its newest listing (``intervals`` in the order of their last row)."""
         schema_only: dict[tuple[str, str], list[_Span]] = {}
-        for interval in sorted(observed, key=lambda interval: interval.last):
+        for interval in intervals:
             known = self.columns.get(interval.table)
             if not interval.schema or known is None:
                 continue

@@ -141,7 +141,7 @@ def _scalar(spanner_type: dict[str, Any], value: Any, raw: bool) -> Any:
     code = spanner_type.get("code")
     if code == "TIMESTAMP":
         nanos = parse_rfc3339(value) if raw else value
-        return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=nanos // 1000)
+        return from_micros(nanos // 1000)
     if code == "JSON":
         return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     if code == "NUMERIC":

@@ -12,6 +12,7 @@ docs/operations.md.)
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import socket
@@ -92,7 +93,7 @@ class JvmLog:
 
     def __init__(self, log: Logger) -> None:
         self._log = log
-        self._level = "info"
+        self._level = logging.INFO
 
     def __call__(self, line: str) -> None:
         if not line.strip():
@@ -101,22 +102,19 @@ class JvmLog:
         if header is not None:
             self._level = _LEVELS[header.group(1)]
             self._log.log(
-                _NUMBERS[self._level],
-                "jvm_output",
-                logger=header.group(2),
-                message=line[header.end() :],
+                self._level, "jvm_output", logger=header.group(2), message=line[header.end() :]
             )
             return
-        level = "debug" if WORKER_CHATTER.match(line) else self._level
-        self._log.log(_NUMBERS[level], "jvm_output", message=line)
+        level = logging.DEBUG if WORKER_CHATTER.match(line) else self._level
+        self._log.log(level, "jvm_output", message=line)
 
 
 _LEVELS = {
-    "TRACE": "debug",
-    "DEBUG": "debug",
-    "INFO": "info",
-    "WARN": "warning",
-    "ERROR": "error",
-    "FATAL": "critical",
+    "TRACE": logging.DEBUG,
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARN": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "FATAL": logging.CRITICAL,
 }
-_NUMBERS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+"""log4j's levels as the logging levels structlog filters on."""

@@ -99,7 +99,7 @@ class WatchedColumnsPoll:
         defaulted = self._defaults(low_watermark)
         return tuple(
             table
-            for table, names in sorted(added.items())
+            for table, names in added.items()
             if defaulted is None or any((table, name) in defaulted for name in names)
         )
 

@@ -3,7 +3,6 @@ each row decoded into a ``Change`` or a ``SchemaChange`` (in the operator's Pyth
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -18,14 +17,13 @@ from ingest.model.timestamps import parse_rfc3339
 from pipeline.processor import INPUT_COLUMNS, RowNotApplicable
 from pipeline.types import spark_type
 from pipeline.user_processors.api import Change, ChangeProcessor, Position, SchemaChange
-from pipeline.values import spark_value
+from pipeline.values import from_micros, spark_value
 
 FEED_COLUMNS = [*INPUT_COLUMNS, "old_values"]
 SOURCE_TABLE, SOURCE_KEYS = "_cdc_source_table", "_cdc_source_keys"
 """A routed row's own table and key (its ``table_name`` and ``keys`` name its group)."""
 CHANGES_ROUTE, SCHEMA_ROUTE = "\x00", "\x01"
 """Prefixes of a processor's groups among the operator's keys; no Spanner table name has them."""
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _ROUTES = T.ArrayType(
     T.StructType([T.StructField("table", T.StringType()), T.StructField("key", T.StringType())])
 )
@@ -136,8 +134,7 @@ class Decoder:
             values=values,
             old_values=old_values,
             column_types=self._types[row["column_types"]],
-            commit_timestamp=_EPOCH
-            + dt.timedelta(microseconds=parse_rfc3339(row["commit_timestamp_text"]) // 1000),
+            commit_timestamp=from_micros(parse_rfc3339(row["commit_timestamp_text"]) // 1000),
             commit_timestamp_text=row["commit_timestamp_text"],
             transaction_id=row["server_transaction_id"],
             position=position(row),
