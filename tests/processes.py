@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,17 @@ class Pipeline(Process):
                 **env,
             },
         )
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, *processes: Any) -> float:
+    """Seconds until ``condition`` held; fails at once when one of ``processes`` exits."""
+    started = time.monotonic()
+    while not condition():
+        for process in processes:
+            assert process.poll() is None, f"a process exited ({process.returncode}) {what}"
+        assert time.monotonic() - started < timeout, f"{what}: not within {timeout} s"
+        time.sleep(0.5)
+    return time.monotonic() - started
 
 
 def wait_until_committed(

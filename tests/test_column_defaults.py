@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Iterator, Sequence
 from decimal import Decimal
 from pathlib import Path
@@ -35,7 +34,7 @@ from pipeline.history import Histories
 from pipeline.user_processors import Change, ChangeProcessor, State
 from pipeline.user_processors.outputs import output_uri
 from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
-from tests.processes import Pipeline, Service
+from tests.processes import Pipeline, Service, wait_until
 
 pytestmark = pytest.mark.emulator
 
@@ -124,13 +123,6 @@ def spanner_columns(database: Any, table: str) -> list[str]:
         return [row[0] for row in rows]
 
 
-def wait_for(condition: Any, what: str, timeout: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} not seen in {timeout} s: {log}"
-        time.sleep(0.5)
-
-
 def read_again(service: Service, last: int, changelog: Path) -> bool:
     """The table whose added columns have a DEFAULT read again, and the last commit landed."""
     events = service.events()
@@ -211,7 +203,7 @@ def test_added_columns_reach_mirrors_histories_and_the_feed_on_a_default_stream(
         last = from_datetime(batch.committed)
 
         running = pipeline.start()
-        wait_for(lambda: read_again(service, last, changelog), "the backfill", 300, service.log)
+        wait_until(lambda: read_again(service, last, changelog), 300, "the backfill", ingest)
         os.killpg(ingest.pid, signal.SIGTERM)  # its last commit is the change log's final W
         assert ingest.wait(timeout=60) == 0, service.log.read_text()[-3000:]
         running.send_signal(signal.SIGUSR1)  # drain: process what the change log holds, exit

@@ -29,7 +29,7 @@ from emulator.workload import load_existing_rows
 from tests.checks import assert_mirrors_equal, compare_at_watermark
 from tests.containers import IMAGE, Container, not_json, status
 from tests.delta_checks import assert_change_log_invariants
-from tests.processes import background_workload, wait_until_landed
+from tests.processes import background_workload, wait_until, wait_until_landed
 
 pytestmark = pytest.mark.emulator
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,24 +54,6 @@ def containers(tmp_path: Path) -> Iterator[Callable[..., Container]]:
     yield make
     for container in made:
         container.remove()
-
-
-def wait(
-    condition: Callable[[], bool],
-    what: str,
-    timeout: float,
-    container: Container,
-    process: subprocess.Popen[bytes],
-) -> float:
-    """Seconds until ``condition`` held; fails at once when the container exits."""
-    started = time.monotonic()
-    while not condition():
-        assert process.poll() is None, (
-            f"{what}: exited {process.returncode}: {container.lines()[-5:]}"
-        )
-        assert time.monotonic() - started < timeout, f"{what}: not within {timeout} s"
-        time.sleep(0.5)
-    return time.monotonic() - started
 
 
 def probes() -> dict[str, str]:
@@ -125,7 +107,7 @@ def test_the_image_runs_the_product_and_every_line_is_json(
         started = ingest.run()
         running.append(started)
         ready = probes()["readinessProbe"]
-        ready_s = wait(lambda: status(f"{url}{ready}") == 200, "/readyz", 300, ingest, started)
+        ready_s = wait_until(lambda: status(f"{url}{ready}") == 200, 300, "/readyz", started)
         workload, stop_workload, committed = background_workload(database, 600, 10, seed)
         assert status(f"{url}{probes()['livenessProbe']}") == 200
         assert status(f"{url}/metrics") == 200
@@ -133,8 +115,8 @@ def test_the_image_runs_the_product_and_every_line_is_json(
 
         job = pipeline.run("pipeline", "run")
         running.append(job)
-        first_batch_s = wait(
-            lambda: pipeline.count("pipeline_batch") >= 1, "first batch", 600, pipeline, job
+        first_batch_s = wait_until(
+            lambda: pipeline.count("pipeline_batch") >= 1, 600, "first batch", job
         )
         print(f"seed {seed}: /readyz after {ready_s:.1f} s, first batch {first_batch_s:.1f} s")
         time.sleep(rng.uniform(0, 3))
@@ -148,13 +130,13 @@ def test_the_image_runs_the_product_and_every_line_is_json(
         assert ingest.healthcheck() != 0, "HEALTHCHECK passes with no service"
         driver = source.run("ingest", "spark-run")
         running.append(driver)
-        wait(lambda: source.count("spark_batch") >= 3, "spark-run batches", 600, source, driver)
+        wait_until(lambda: source.count("spark_batch") >= 3, 600, "spark-run batches", driver)
         source.signal(driver, signal.SIGTERM)
         assert driver.wait(timeout=120) == 0, source.lines()[-20:]
 
         started = ingest.run()
         running.append(started)
-        wait(lambda: status(f"{url}{ready}") == 200, "/readyz again", 300, ingest, started)
+        wait_until(lambda: status(f"{url}{ready}") == 200, 300, "/readyz again", started)
         stop_workload.set()
         workload.join()
         wait_until_landed(tmp_path / "data" / "changelog", len(committed), timeout=300)

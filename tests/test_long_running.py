@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +24,9 @@ from pipeline.catalog import version_holding
 from pipeline.mirror import mirror_uri
 from pipeline.state import cut
 from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
-from tests.processes import Pipeline, Service
+from tests.processes import Pipeline, Service, wait_until
 
 COLUMNS = 40
-
-
-def wait(condition: Any, timeout: float, what: str, *processes: Any) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        for process in processes:
-            assert process.poll() is None, f"a process exited ({process.returncode}) {what}"
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.5)
 
 
 @pytest.mark.emulator
@@ -69,7 +59,7 @@ def test_forty_new_columns_while_running_rebase_and_never_stop_the_job(
                 batch.update("wide", ["id", name], [(0, value)])  # this column alone
             last_commit = batch.committed
             if number % 4 == 0:  # this one in a deployment of its own
-                wait(
+                wait_until(
                     lambda: name in _mirror_columns(uri),  # noqa: B023
                     240,
                     f"the mirror never had {name}",
@@ -132,7 +122,7 @@ def _quiesced(changelog: Path, root: Path, last_commit: dt.datetime, *processes:
         watermark = changelog_watermark(str(changelog))
         return watermark is not None and watermark.low_watermark >= target
 
-    wait(landed, 180, "the change log never passed the writes", *processes)
+    wait_until(landed, 180, "the change log never passed the writes", *processes)
     holding = version_holding(str(changelog), to_rfc3339(target))
     assert holding is not None
 
@@ -140,5 +130,5 @@ def _quiesced(changelog: Path, root: Path, last_commit: dt.datetime, *processes:
         recorded = cut.read(str(root / "mirrors"))
         return recorded is not None and recorded.starting_version > holding
 
-    wait(mirrored, 300, "the pipeline never read the last write", *processes)
+    wait_until(mirrored, 300, "the pipeline never read the last write", *processes)
     return text

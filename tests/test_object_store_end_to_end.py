@@ -17,7 +17,6 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,13 @@ import pytest
 from tests.checks import accounts_written_after_start, assert_mirrors_equal, compare_at_watermark
 from tests.delta_checks import assert_change_log_invariants
 from tests.object_stores import minio
-from tests.processes import Pipeline, Service, background_workload, wait_until_landed
+from tests.processes import (
+    Pipeline,
+    Service,
+    background_workload,
+    wait_until,
+    wait_until_landed,
+)
 from tests.store_faults import FaultRates, StoreFaults
 
 FAULTS = FaultRates(drop=0.01, delay=0.004, lost_answer=0.02, delay_s=6.0)
@@ -43,14 +48,6 @@ def lease_age(checkpoint_uri: str) -> float | None:
 
     found = ConditionalObject(checkpoint_uri, "_job_lock.json").read()
     return None if found is None else time.time() - json.loads(found.data)["heartbeat"]
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout} s")
-        time.sleep(0.2)
 
 
 @pytest.mark.emulator
