@@ -23,6 +23,7 @@ import pyarrow as pa
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from pipeline import batch_log
 from pipeline.batch_log import LandedBatch
+from pipeline.catalog import query, scan
 from pipeline.history import HISTORY_SINCE, IS_CURRENT, Histories
 from pipeline.mirror import KEYS_COLUMN, POSITION_COLUMN, mirror_uri
 from pipeline.processor import VALID_FROM, VALID_FROM_TEXT, VALID_TO, VALID_TO_TEXT
@@ -108,7 +109,7 @@ def mirrors_as_of(mirror_root: str, at: str, tables: Iterable[str] | None = None
     for table, version in versions.items():
         uri = mirror_uri(mirror_root, table)
         mirror = DeltaTable(uri, version=version, storage_options=delta_storage_options(uri))
-        result[table] = _table_columns(mirror.to_pyarrow_dataset().to_table(use_threads=False))
+        result[table] = _table_columns(scan(mirror))
     assert batch.watermark_text is not None
     return AsOf(at, batch.watermark_text, "mirrors", result)
 
@@ -203,22 +204,11 @@ def _batch_at(
 def _valid_at(history: Any, at: str) -> pa.Table:
     """A history's versions valid at ``at``, filtered by delta-rs's query engine as they are
     read (a history holds every version ever made)."""
-    from deltalake import QueryBuilder
-
-    query = (
+    sql = (
         f"SELECT * FROM history WHERE \"{VALID_FROM_TEXT}\" <= '{at}' "
         f'AND ("{VALID_TO_TEXT}" IS NULL OR "{VALID_TO_TEXT}" > \'{at}\')'
     )
-    reader = QueryBuilder().register("history", history).execute(query)
-    rows = pa.RecordBatchReader.from_stream(reader).read_all()
-    return rows.cast(
-        pa.schema(
-            [
-                pa.field(f.name, pa.string()) if pa.types.is_string_view(f.type) else f
-                for f in rows.schema
-            ]
-        )
-    )
+    return query(history, "history", sql)
 
 
 def _product_column(name: str) -> bool:

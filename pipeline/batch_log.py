@@ -17,14 +17,12 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from pipeline.merges import Logger, commit_once, commit_properties, holds_batch
+from pipeline.merges import JOB_COMMIT_KEY, Logger, commit_once, commit_properties, holds_batch
 from runtime.storage import delta_storage_options
 
 BATCH_LOG = "_cdc_batches"
 COMPACT_EVERY = 500
 """Batches between compactions of the log's small files (one per batch)."""
-WATERMARK_KEY = "spanner_cdc_watermark"
-"""Commit-info key of every mirror and history commit: the W of the batch that wrote it."""
 SCHEMA = pa.schema(
     [
         pa.field("batch_id", pa.int64()),
@@ -61,10 +59,9 @@ def log_uri(mirror_root: str) -> str:
 
 
 def commit_metadata(watermark_text: str | None, batch_id: int) -> dict[str, str]:
-    """What each mirror and history commit of a batch records beside its ``txn``."""
-    if watermark_text is None:
-        return {}
-    return {WATERMARK_KEY: json.dumps({"watermark": watermark_text, "batch_id": batch_id})}
+    """What each mirror and history commit of a batch records beside its ``txn``: the job's mark
+    (``pipeline.foreign_commits``) with the batch's W."""
+    return {JOB_COMMIT_KEY: json.dumps({"watermark": watermark_text, "batch_id": batch_id})}
 
 
 def record(mirror_root: str, landed: LandedBatch, app_id: str, log: Logger) -> None:

@@ -25,9 +25,37 @@ def scan(table: DeltaTable, columns: list[str] | None = None) -> pa.Table:
 
     A scan on Arrow's thread pool can abort the interpreter at exit ("terminate called without an
     active exception", delta-rs #2184): here 4 of 10 runs of ``to_pandas()`` did, none of 30 of
-    this.
+    this. A table with deletion vectors (a user turned them on, then Spark wrote some) is read by
+    delta-rs's query engine, which applies them; its Arrow dataset refuses the table.
     """
+    if "deletionVectors" in (table.protocol().reader_features or []):
+        return _query_all(table, columns)
     return table.to_pyarrow_dataset().to_table(columns=columns, use_threads=False)
+
+
+def _query_all(table: DeltaTable, columns: list[str] | None) -> pa.Table:
+    names = ", ".join('"' + c.replace('"', '""') + '"' for c in columns) if columns else "*"
+    return query(table, "t", f"SELECT {names} FROM t")
+
+
+def query(table: DeltaTable, name: str, sql: str) -> pa.Table:
+    """``sql`` over ``table`` registered as ``name``, by delta-rs's query engine (which applies
+    deletion vectors), with its view types as the plain Arrow types a Delta read gives."""
+    from deltalake import QueryBuilder
+
+    reader = QueryBuilder().register(name, table).execute(sql)
+    rows = pa.RecordBatchReader.from_stream(reader).read_all()
+    return rows.cast(pa.schema([pa.field(f.name, _plain(f.type)) for f in rows.schema]))
+
+
+def _plain(data_type: pa.DataType) -> pa.DataType:
+    if pa.types.is_string_view(data_type):
+        return pa.string()
+    if pa.types.is_binary_view(data_type):
+        return pa.binary()
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        return pa.list_(_plain(data_type.value_type))
+    return data_type
 
 
 def discover_shapes(changelog_uri: str) -> dict[str, TableShape]:

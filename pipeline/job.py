@@ -25,6 +25,7 @@ from ingest.model.timestamps import to_rfc3339
 from pipeline import batch_log
 from pipeline.catalog import checkpoint_at, discover_shapes, version_holding
 from pipeline.config import PipelineConfig
+from pipeline.foreign_commits import TABLE_CHANGED_BEHIND_JOB, DeltaCommits, ForeignCommitCheck
 from pipeline.history import Histories, ensure_history, mirrors_reached
 from pipeline.landing import write_batch
 from pipeline.metrics import PipelineMetrics
@@ -287,6 +288,7 @@ class BatchLanding:
         self._app_id: str | None = None
         self._changelog_id = ""
         self._retired = False
+        self._foreign = ForeignCommitCheck(DeltaCommits())
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         config = self._config
@@ -314,6 +316,7 @@ class BatchLanding:
                 config.local_merge_max_mb * 1024 * 1024,
                 self._plan.histories,
                 metadata,
+                self._foreign,
             )
             self._append_outputs(batch, batch_id, metadata)
         if self._plan.processors:
@@ -666,9 +669,9 @@ def _with_changelog_version(line: str, config: PipelineConfig) -> str:
 def _first_line(error: BaseException) -> str:
     """The line an operator needs from a Spark failure: the cause, not the Java stack."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    for marker in (*RESTART_MARKERS, ROW_NOT_APPLICABLE):
+    for marker in (*RESTART_MARKERS, ROW_NOT_APPLICABLE, TABLE_CHANGED_BEHIND_JOB):
         for line in lines:
             if marker in line:
-                return line
+                return line[line.index(marker) :]
     causes = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
     return causes[-1] if causes else (lines[0] if lines else type(error).__name__)

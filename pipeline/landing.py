@@ -5,17 +5,18 @@ through Spark when it is not. Every commit carries the batch's ``txn`` and ``met
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import structlog
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from pipeline.foreign_commits import ForeignCommitCheck
 from pipeline.history import Histories, merge_history_on_driver, merge_history_with_spark
-from pipeline.merges import merge_each_table
+from pipeline.merges import commit_once
 from pipeline.mirror import merge_into_mirror, merge_on_driver, mirror_uri
 from pipeline.shapes import TableShape
 
@@ -49,69 +50,104 @@ def write_batch(
     local_merge_max_bytes: int = 64 * 1024 * 1024,
     histories: Histories | None = None,
     metadata: Mapping[str, str] | None = None,
+    foreign: ForeignCommitCheck | None = None,
 ) -> BatchResult:
     """MERGE one micro-batch of processor output into every mirror it touches, and into their
     histories: on the driver through delta-rs when it holds at most ``local_merge_max_rows``
     rows and about ``local_merge_max_bytes`` bytes (its rows as JSON, measured on the executors
     before anything is collected), else through Spark. Rows of large values so never exhaust
-    the driver."""
-    spark = changes.sparkSession
+    the driver. Each table is first checked for rows changed behind the job (``foreign``)."""
     changes = changes.persist()
     kept = set() if histories is None else histories.of(shapes)
     try:
-        row_bytes = F.octet_length(F.to_json(F.struct(*[F.col(c) for c in changes.columns])))
-        per_table = (
-            changes.groupBy("table_name")
-            .agg(
-                F.count("*").alias("rows"),
-                F.max("commit_timestamp_text").alias("newest"),
-                F.sum(row_bytes).alias("bytes"),
-            )
-            .collect()
-        )
-        counts = {r["table_name"]: r["rows"] for r in per_table}
-        newest = max((r["newest"] for r in per_table), default=None)
-        size = sum(r["bytes"] or 0 for r in per_table)
+        counts, newest, size = _measure(changes)
         small = 0 < sum(counts.values()) <= local_merge_max_rows and size <= local_merge_max_bytes
-        mirrors: dict[str, int] = {}
-        kept_versions: dict[str, int] = {}
-        merge_mirror: Callable[[str], object]
-        merge_history: Callable[[str], object]
-        if small:
-            batch = changes.toArrow()
-            tables = batch.column("table_name")
-
-            def rows_of(table: str) -> pa.Table:
-                return batch.filter(pc.equal(tables, table))
-
-            def merge_mirror(table: str) -> None:
-                uri = mirror_uri(mirror_root, table)
-                mirrors[table] = merge_on_driver(
-                    uri, shapes[table], rows_of(table), app_id, batch_id, metadata
-                )
-
-            def merge_history(table: str) -> None:
-                assert histories is not None
-                kept_versions[table] = merge_history_on_driver(
-                    histories.uri(table), shapes[table], rows_of(table), app_id, batch_id, metadata
-                )
-
-        else:
-
-            def merge_mirror(table: str) -> None:
-                uri = mirror_uri(mirror_root, table)
-                mirrors[table] = merge_into_mirror(
-                    spark, uri, shapes[table], changes, app_id, batch_id, metadata
-                )
-
-            def merge_history(table: str) -> None:
-                assert histories is not None
-                kept_versions[table] = merge_history_with_spark(
-                    spark, histories.uri(table), shapes[table], changes, app_id, batch_id, metadata
-                )
-
-        merge_each_table(sorted(counts), merge_mirror, batch_id, log)
-        merge_each_table(sorted(kept & set(counts)), merge_history, batch_id, log)
+        merge_mirror, merge_history = _mergers(changes, small, shapes, app_id, batch_id, metadata)
+        merge_tables = functools.partial(_merge_tables, batch_id=batch_id, foreign=foreign, log=log)
+        mirrors = merge_tables(
+            {t: mirror_uri(mirror_root, t) for t in sorted(counts)}, merge_mirror, "mirror"
+        )
+        kept_versions = {}
+        if histories is not None:
+            touched = sorted(kept & set(counts))
+            kept_versions = merge_tables(
+                {t: histories.uri(t) for t in touched}, merge_history, "history"
+            )
         return BatchResult(counts, newest, small, size, mirrors, kept_versions)
     finally:
         changes.unpersist()
+
+
+Merge = Callable[[str, str], int]
+"""One table's rows of the batch into the Delta table at a URI: the version holding them."""
+
+
+def _measure(changes: DataFrame) -> tuple[dict[str, int], str | None, int]:
+    """Rows per table, the newest commit timestamp and the rows' size as JSON, in one job."""
+    row_bytes = F.octet_length(F.to_json(F.struct(*[F.col(c) for c in changes.columns])))
+    per_table = (
+        changes.groupBy("table_name")
+        .agg(
+            F.count("*").alias("rows"),
+            F.max("commit_timestamp_text").alias("newest"),
+            F.sum(row_bytes).alias("bytes"),
+        )
+        .collect()
+    )
+    counts = {r["table_name"]: r["rows"] for r in per_table}
+    newest = max((r["newest"] for r in per_table), default=None)
+    return counts, newest, sum(r["bytes"] or 0 for r in per_table)
+
+
+def _mergers(
+    changes: DataFrame,
+    small: bool,
+    shapes: Mapping[str, TableShape],
+    app_id: str,
+    batch_id: int,
+    metadata: Mapping[str, str] | None,
+) -> tuple[Merge, Merge]:
+    """The MERGE of a mirror and of a history: delta-rs on the driver when ``small``."""
+    if not small:
+        spark = changes.sparkSession
+
+        def mirror_with_spark(table: str, uri: str) -> int:
+            return merge_into_mirror(spark, uri, shapes[table], changes, app_id, batch_id, metadata)
+
+        def history_with_spark(table: str, uri: str) -> int:
+            return merge_history_with_spark(
+                spark, uri, shapes[table], changes, app_id, batch_id, metadata
+            )
+
+        return mirror_with_spark, history_with_spark
+    batch = changes.toArrow()
+    tables = batch.column("table_name")
+
+    def mirror_on_driver(table: str, uri: str) -> int:
+        rows = batch.filter(pc.equal(tables, table))
+        return merge_on_driver(uri, shapes[table], rows, app_id, batch_id, metadata)
+
+    def history_on_driver(table: str, uri: str) -> int:
+        rows = batch.filter(pc.equal(tables, table))
+        return merge_history_on_driver(uri, shapes[table], rows, app_id, batch_id, metadata)
+
+    return mirror_on_driver, history_on_driver
+
+
+def _merge_tables(
+    uris: Mapping[str, str],
+    merge: Merge,
+    kind: str,
+    batch_id: int,
+    foreign: ForeignCommitCheck | None,
+    log: Logger,
+) -> dict[str, int]:
+    """Each table checked, then merged once (``commit_once``); the versions holding the batch."""
+    versions = {}
+    for table, uri in uris.items():
+        if foreign is not None:
+            foreign.check(f"{kind} {table}", uri)
+        versions[table] = commit_once(table, functools.partial(merge, table, uri), batch_id, log)
+        if foreign is not None:
+            foreign.wrote(uri, versions[table])
+    return versions

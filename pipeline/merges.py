@@ -39,11 +39,19 @@ R = TypeVar("R")
 RETRYABLE_CONFLICTS = (
     "ConcurrentAppendException",
     "ConcurrentDeleteReadException",
+    "ConcurrentDeleteDeleteException",
+    "MetadataChangedException",
+    "ProtocolChangedException",
     "CommitFailedError",
 )
 """Conflicts that left nothing committed, or only the batch's own commit (delta-spark's, then
-delta-rs's): commit again, after checking the table for the batch."""
+delta-rs's): commit again, after checking the table for the batch. Users' maintenance raises
+them: ``OPTIMIZE`` removes files a MERGE read or removes (seed 001), ``ALTER TABLE … SET
+TBLPROPERTIES`` changes the metadata, turning on deletion vectors the protocol."""
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+JOB_COMMIT_KEY = "spanner_cdc_watermark"
+"""Commit-info key of every commit the job makes to a mirror or a history (with the batch's W
+when a batch made it): how the job tells its commits from users' (``pipeline.foreign_commits``)."""
 LITERAL_KEYS_LIMIT = 1000
 """Up to this many keys the condition lists them; beyond, it bounds the first key column."""
 
@@ -101,6 +109,17 @@ def _literal_transport(
     if isinstance(data_type, T.TimestampType):
         return F.unix_micros, lambda micros: F.timestamp_micros(F.lit(micros))
     return (lambda column: column), F.lit
+
+
+@contextlib.contextmanager
+def job_commit(spark: SparkSession) -> Iterator[None]:
+    """delta-spark's next commit carries the job's mark and no batch (a mirror rewritten for a
+    column's new type)."""
+    spark.conf.set(USER_METADATA, json.dumps({JOB_COMMIT_KEY: "{}"}))
+    try:
+        yield
+    finally:
+        spark.conf.unset(USER_METADATA)
 
 
 @contextlib.contextmanager
@@ -187,14 +206,6 @@ def _is_retryable_conflict(error: BaseException) -> bool:
     return any(name in text for name in RETRYABLE_CONFLICTS)
 
 
-def merge_each_table(
-    tables: list[str], merge: Callable[[str], object], batch_id: int, log: Logger
-) -> None:
-    """MERGE table by table, each through ``commit_once``."""
-    for table in tables:
-        commit_once(table, functools.partial(merge, table), batch_id, log)
-
-
 def commit_once(table: str, commit: Callable[[], R], batch_id: int, log: Logger) -> R:
     """A batch's commit to one table, retried after a conflict.
 
@@ -218,5 +229,13 @@ def commit_once(table: str, commit: Callable[[], R], batch_id: int, log: Logger)
 def _log_retry(
     log: structlog.typing.FilteringBoundLogger, table: str, batch_id: int, state: RetryCallState
 ) -> None:
-    cause = str(state.outcome.exception())[:200] if state.outcome else None
-    log.warning("batch_commit_retry", table=table, batch_id=batch_id, cause=cause)
+    error = state.outcome.exception() if state.outcome else None
+    text = f"{type(error).__name__}: {error}"
+    conflict = next((name for name in RETRYABLE_CONFLICTS if name in text), None)
+    log.warning(
+        "batch_commit_retry",
+        table=table,
+        batch_id=batch_id,
+        conflict=conflict,
+        cause=str(error)[:200],
+    )

@@ -23,6 +23,7 @@ from pipeline.merges import (
     batch_commit,
     commit_properties,
     holds_batch,
+    job_commit,
     key_predicate,
     keys_match,
     narrowing_condition,
@@ -114,9 +115,10 @@ def ensure_mirror(
             for f in wanted.fields
             if f.name in existing
         ]
-        data.select(*columns).write.format("delta").mode("overwrite").option(
-            "overwriteSchema", "true"
-        ).save(uri)
+        with job_commit(spark):
+            data.select(*columns).write.format("delta").mode("overwrite").option(
+                "overwriteSchema", "true"
+            ).save(uri)
         if retyped:
             log.info("mirror_columns_retyped", table=shape.name, columns=[f.name for f in retyped])
         if renewed:

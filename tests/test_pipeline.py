@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
@@ -25,8 +26,9 @@ from pipeline import job
 from pipeline.catalog import discover_shapes, scan
 from pipeline.job import PipelineFailed, run_pipeline
 from pipeline.landing import write_batch
+from pipeline.merges import commit_once
 from pipeline.metrics import PipelineMetrics
-from pipeline.mirror import mirror_uri
+from pipeline.mirror import merge_into_mirror, mirror_uri
 from pipeline.processor import output_schema
 from pipeline.state.checkpoint import CheckpointInUse, CheckpointLock, checkpoint_id
 from pipeline.state.registry import SchemaRegistry
@@ -194,6 +196,91 @@ def test_a_batch_the_mirror_holds_is_skipped_whichever_way_merges_it_again(
     write_batch(changed, last_batch + 1, shapes, config.mirror_root, app_id, null_logger(), limit)
     assert mirror_rows(spark, config)[1] == {"account_id": 1, "owner": "zed", "balance": 5}
     assert DeltaTable(uri).transaction_version(app_id) == last_batch + 1
+
+
+@pytest.mark.parametrize(
+    "maintenance, conflict",
+    [
+        ("properties", "MetadataChangedException"),
+        ("deletion_vectors", None),  # delta-spark commits over delta-rs's protocol upgrade
+        ("optimize", "ConcurrentAppendException"),
+    ],
+)
+def test_a_spark_merge_that_meets_a_user_s_maintenance_is_retried(
+    spark, tmp_path: Path, maintenance: str, conflict: str | None
+) -> None:
+    """Seed 001's conflicts, raised for real: a user's ALTER, protocol upgrade or OPTIMIZE (by
+    delta-rs) commits while delta-spark's MERGE of a batch runs (from inside the MERGE's own
+    read of its source). A conflicting commit is retried; the mirror holds the batch once."""
+    config = configure(tmp_path)
+    seed(ChangeLog(config.changelog_uri))
+    run(spark, config)
+    uri = mirror_uri(config.mirror_root, "accounts")
+    DeltaTable(uri).optimize.compact()
+    for key in (7, 8):  # two files for OPTIMIZE to compact, one read by the MERGE
+        one = DeltaTable(uri).to_pyarrow_table().slice(0, 1)
+        keyed = one.set_column(0, "account_id", pyarrow.array([key], one.schema.field(0).type))
+        write_deltalake(uri, keyed, mode="append")
+    shapes = discover_shapes(config.changelog_uri)
+    row = ("accounts", '{"account_id":"1"}', "UPSERT", "2030-01-01T00:00:00Z", (1, "zed", 5), None)
+    changed = spark.createDataFrame([row], output_schema(shapes))
+    evaluations = tmp_path / "evaluations"
+    changed = changed.withColumn(
+        "table_name",
+        _maintained_on_second_read(uri, maintenance, str(evaluations))(changed["table_name"]),
+    )
+    log = RecordingLogger()
+    merge = functools.partial(
+        merge_into_mirror, spark, uri, shapes["accounts"], changed, "user-maintenance", 50
+    )
+    commit_once("accounts", merge, 50, log)  # type: ignore[arg-type]
+    retries = [fields for event, fields in log.events if event == "batch_commit_retry"]
+    if conflict is None:
+        assert not retries, log.events
+    else:
+        assert retries and retries[0]["conflict"] == conflict, log.events
+    assert mirror_rows(spark, config)[1] == {"account_id": 1, "owner": "zed", "balance": 5}
+    assert DeltaTable(uri).transaction_version("user-maintenance") == 50
+    merges = [c for c in DeltaTable(uri).history(4) if c["operation"] == "MERGE"]
+    assert len(merges) == 1
+
+
+def _maintained_on_second_read(uri: str, maintenance: str, evaluations: str) -> Any:
+    """A UDF passing its value through that runs the user's maintenance once, at the second
+    evaluation of the batch (the first is the key list read before the MERGE takes its
+    snapshot, the second the MERGE's own read)."""
+    from pyspark.sql import functions as F
+
+    def passing(value: str) -> str:
+        import os
+
+        from deltalake import DeltaTable as Table
+
+        with open(evaluations, "a") as counter:
+            counter.write(".")
+        if os.path.getsize(evaluations) == 2:
+            table = Table(uri)
+            if maintenance == "properties":
+                table.alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+            elif maintenance == "deletion_vectors":
+                table.alter.set_table_properties({"delta.enableDeletionVectors": "true"})
+            else:
+                table.optimize.compact()
+        return value
+
+    return F.udf(passing, "string")
+
+
+class RecordingLogger:
+    """The events a function logged, with their fields."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def _record(self, event: str, **fields: Any) -> None:
+        self.events.append((event, fields))
+
+    info = warning = error = debug = _record
 
 
 def test_a_batch_of_wide_rows_goes_to_spark_however_few_they_are(spark, tmp_path: Path) -> None:
