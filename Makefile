@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run-spark venv jars object-stores image test-base test lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency bench-mirror-size bench-width clean
+.PHONY: run-spark venv jars object-stores image test-base test test-under-load lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency bench-mirror-size bench-width clean
 
 venv: $(STAMP)
 
@@ -54,6 +54,11 @@ test: venv jars object-stores image
 	$(PY) -m ruff check runtime ingest pipeline emulator tests bench examples
 	$(PY) -m mypy
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15
+
+# The suite with one core kept busy by a CPU-bound loop beside it: green on a loaded machine.
+test-under-load:
+	( while :; do :; done ) & load=$$!; \
+	$(MAKE) test; status=$$?; kill $$load; exit $$status
 
 lint: venv
 	$(PY) -m ruff check runtime ingest pipeline emulator tests bench examples

@@ -9,8 +9,9 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from emulator.processes import terminate
 
@@ -62,10 +63,26 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-@dataclass(frozen=True)
+@dataclass
 class RunningEmulator:
     host_port: str
     process: subprocess.Popen[bytes] | None
+    command: list[str] = field(default_factory=list)
+    output: Any = subprocess.DEVNULL
+
+    def restart(self) -> None:
+        """A fresh emulator on the same address (its databases are gone): after it stalled."""
+        if self.process is None:
+            raise RuntimeError(f"the emulator at {self.host_port} was not started here")
+        terminate(self.process, timeout=10)
+        self.process = _start(self.command, self.output)
+        _wait_listening(self.host_port, self.process, timeout=30)
+
+
+def _start(command: list[str], output: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def _wait_listening(host_port: str, process: subprocess.Popen[bytes], timeout: float) -> None:
@@ -99,11 +116,11 @@ def emulator(
         command.append("--enable_change_stream_churning=false")
     with contextlib.ExitStack() as stack:
         output = stack.enter_context(open(log_path, "wb")) if log_path else subprocess.DEVNULL
-        process = subprocess.Popen(
-            command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        running = RunningEmulator(host_port, _start(command, output), command, output)
         try:
-            _wait_listening(host_port, process, timeout=30)
-            yield RunningEmulator(host_port, process)
+            assert running.process is not None
+            _wait_listening(host_port, running.process, timeout=30)
+            yield running
         finally:
-            terminate(process, timeout=10)
+            if running.process is not None:
+                terminate(running.process, timeout=10)

@@ -490,25 +490,14 @@ def run_pipeline(
         config.checkpoint_uri, config.lock_stale_s, f"pipeline {config.job_id}", log
     )
     with lock, contextlib.ExitStack() as cleanup:
-        spark = None
+        session = _LazySession(session_factory, cleanup, metrics)
         while not stop.is_set():
             generation = generations.current(config.checkpoint_uri)
             running = replace(config, checkpoint_uri=generation.uri)
             try:
                 plan = plan_deployment(running, log)
             except StateSchemaError as refused:
-                if not only_limits(refused):
-                    raise
-                if config.processors:
-                    raise PipelineFailed(
-                        f"{_first_line(refused)}; a rebase would start the processors' state "
-                        "over, so the job stops: raise the limit (max_evolutions_per_variable, "
-                        "max_evolutions_per_query) or run the processors on a checkpoint of "
-                        "their own"
-                    ) from refused
-                spark = spark or _session(session_factory, cleanup, metrics)
-                reason = f"before Spark's limit: {_first_line(refused)}"
-                rebase_from_the_changelog(spark, config, log, reason)
+                _rebase_before_limit(refused, config, session, log)
                 stats.rebases += 1
                 metrics.rebases.inc()
                 continue
@@ -518,16 +507,13 @@ def run_pipeline(
                     return stats
                 stop.wait(config.trigger_interval_s or 1.0)
                 continue
-            spark = spark or _session(session_factory, cleanup, metrics)
-            _prepare(spark, running, plan, log)
+            _prepare(session(), running, plan, log)
             if drain.is_set() and config.trigger != "available-now":
-                config = replace(config, trigger="available-now")
-                running = replace(running, trigger="available-now")
-                log.info("pipeline_draining")
+                config, running = _draining(config, log), _draining(running, None)
             finishing = config.trigger == "available-now"
             interrupts = (stop, lock.lost_event) if finishing else (stop, drain, lock.lost_event)
             query = start_query(
-                spark, running, plan, stats, log, metrics, generation, lock.check_held
+                session(), running, plan, stats, log, metrics, generation, lock.check_held
             )
             error = _watch(query, plan, generation, interrupts, metrics, log)
             if lock.lost:
@@ -538,6 +524,48 @@ def run_pipeline(
                 break
             restarts.record(error, stats, config, metrics, log)
     return stats
+
+
+@dataclass
+class _LazySession:
+    """The job's Spark session, started at its first need (a job with nothing to do starts
+    none) and kept for every query after."""
+
+    factory: Callable[[], Any]
+    cleanup: contextlib.ExitStack
+    metrics: PipelineMetrics
+    spark: Any = None
+
+    def __call__(self) -> Any:
+        if self.spark is None:
+            self.spark = _session(self.factory, self.cleanup, self.metrics)
+        return self.spark
+
+
+def _draining(config: PipelineConfig, log: Logger | None) -> PipelineConfig:
+    """A continuous run turned available-now on the same session: it processes what the change
+    log holds, then returns."""
+    if log is not None:
+        log.info("pipeline_draining")
+    return replace(config, trigger="available-now")
+
+
+def _rebase_before_limit(
+    refused: StateSchemaError, config: PipelineConfig, session: Callable[[], Any], log: Logger
+) -> None:
+    """A state schema change that only Spark's evolution limits refuse: a rebase from the
+    change log, unless processors keep state a rebase would start over (then the job stops)."""
+    if not only_limits(refused):
+        raise refused
+    if config.processors:
+        raise PipelineFailed(
+            f"{_first_line(refused)}; a rebase would start the processors' state "
+            "over, so the job stops: raise the limit (max_evolutions_per_variable, "
+            "max_evolutions_per_query) or run the processors on a checkpoint of "
+            "their own"
+        ) from refused
+    reason = f"before Spark's limit: {_first_line(refused)}"
+    rebase_from_the_changelog(session(), config, log, reason)
 
 
 def _watch(

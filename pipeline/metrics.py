@@ -61,61 +61,57 @@ class PipelineMetrics:
         wall_clock: Callable[[], Nanos] = time.time_ns,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.wall_clock = wall_clock
-        self.monotonic = monotonic
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        self.wall_clock, self.monotonic = wall_clock, monotonic
         self.newest_commit: Nanos | None = None
         self.batch_started_at: float | None = None
         self.batches = Counter(
-            "pipeline_batches", "Micro-batches the query completed", registry=self.registry
+            "pipeline_batches", "Micro-batches the query completed", registry=registry
         )
         self.batch_duration = Histogram(
             "pipeline_batch_duration_seconds",
             "Micro-batch duration: read, transformWithState, MERGE into the mirrors",
             buckets=BATCH_DURATION_BUCKETS,
-            registry=self.registry,
+            registry=registry,
         )
         self.input_rows = Counter(
-            "pipeline_input_rows", "Change-log rows the query read", registry=self.registry
+            "pipeline_input_rows", "Change-log rows the query read", registry=registry
         )
         self.state_rows = Gauge(
-            "pipeline_state_rows", "Keys held in the RocksDB state store", registry=self.registry
+            "pipeline_state_rows", "Keys held in the RocksDB state store", registry=registry
         )
         self.files_outstanding = Gauge(
             "pipeline_changelog_files_outstanding",
             "Change-log data files not read yet, as of the last micro-batch",
-            registry=self.registry,
+            registry=registry,
         )
         self.rows_merged = Counter(
-            "pipeline_rows_merged",
-            "Keys merged into a mirror table",
-            labelnames=["table"],
-            registry=self.registry,
+            "pipeline_rows_merged", "Keys merged into a mirror table", ["table"], registry=registry
         )
         self.processor_rows = Counter(
             "pipeline_processor_rows",
             "Rows a user processor appended to its output table",
             labelnames=["processor"],
-            registry=self.registry,
+            registry=registry,
         )
         self.restarts = Counter(
             "pipeline_query_restarts",
             "Restarts of the streaming query on the same checkpoint, by reason",
             labelnames=["reason"],
-            registry=self.registry,
+            registry=registry,
         )
         self.rebases = Counter(
             "pipeline_state_rebases",
             "New state generations seeded from the mirrors (before Spark's evolution limits)",
-            registry=self.registry,
+            registry=registry,
         )
         self.deployment = Gauge(
             "pipeline_state_deployment",
             "Number of the state schema deployment the query runs",
-            registry=self.registry,
+            registry=registry,
         )
         self.query_running = Gauge(
-            "pipeline_query_running", "1 while the streaming query runs", registry=self.registry
+            "pipeline_query_running", "1 while the streaming query runs", registry=registry
         )
         self.registry.register(_ScrapeCollector(self))
 

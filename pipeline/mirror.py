@@ -107,18 +107,7 @@ def ensure_mirror(
         if f.name in existing and existing[f.name] != f.dataType and f not in renewed
     ]
     if retyped or renewed:
-        data = spark.read.format("delta").load(uri)
-        columns = [
-            F.lit(None).cast(f.dataType).alias(f.name)
-            if f in renewed
-            else F.col(quoted(f.name)).cast(f.dataType).alias(f.name)
-            for f in wanted.fields
-            if f.name in existing
-        ]
-        with job_commit(spark):
-            data.select(*columns).write.format("delta").mode("overwrite").option(
-                "overwriteSchema", "true"
-            ).save(uri)
+        _rewrite(spark, uri, wanted, existing, renewed)
         if retyped:
             log.info("mirror_columns_retyped", table=shape.name, columns=[f.name for f in retyped])
         if renewed:
@@ -130,6 +119,29 @@ def ensure_mirror(
         log.info("mirror_columns_added", table=shape.name, columns=[f.name for f in added])
     if newer and recorded != newer:
         _record_generations(spark, uri, newer)
+
+
+def _rewrite(
+    spark: SparkSession,
+    uri: str,
+    wanted: T.StructType,
+    existing: dict[str, T.DataType],
+    renewed: list[T.StructField],
+) -> None:
+    """The table rewritten with each column cast to its wanted type, and NULL in columns of a
+    new generation (the job's commit: ``pipeline.foreign_commits``)."""
+    data = spark.read.format("delta").load(uri)
+    columns = [
+        F.lit(None).cast(f.dataType).alias(f.name)
+        if f in renewed
+        else F.col(quoted(f.name)).cast(f.dataType).alias(f.name)
+        for f in wanted.fields
+        if f.name in existing
+    ]
+    with job_commit(spark):
+        data.select(*columns).write.format("delta").mode("overwrite").option(
+            "overwriteSchema", "true"
+        ).save(uri)
 
 
 def create_mirror(uri: str, struct: T.StructType, newer: dict[str, int] | None = None) -> None:

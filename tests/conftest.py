@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import pytest
 from google.cloud import spanner
@@ -12,7 +12,8 @@ from google.cloud.spanner_v1.database import Database
 
 from emulator.bootstrap import bootstrap
 from emulator.omissions import REPORT_PROPERTY
-from emulator.server import EmulatorNotFound, emulator, find_emulator_binary
+from emulator.server import EmulatorNotFound, RunningEmulator, emulator, find_emulator_binary
+from tests.stalls import EmulatorStalled
 
 pytest_plugins = ["tests.pipeline_runs"]
 """The ``spark`` fixture of the pipeline tests (a module that defines its own keeps it)."""
@@ -95,10 +96,40 @@ def spanner_emulator() -> Iterator[str]:
         pytest.skip(f"SPANNER EMULATOR MISSING, emulator tests skipped: {error}")
     with emulator(token_alive_seconds=TOKEN_ALIVE_SECONDS) as running:
         os.environ["SPANNER_EMULATOR_HOST"] = running.host_port
+        _STARTED.append(running)
         try:
             yield running.host_port
         finally:
+            _STARTED.remove(running)
             del os.environ["SPANNER_EMULATOR_HOST"]
+
+
+_STARTED: list[RunningEmulator] = []
+"""The emulator this worker started, for a restart after it stalled."""
+
+
+@pytest.fixture
+def started_emulator(spanner_emulator: str) -> RunningEmulator:
+    """The emulator this worker started, for a test that stops and resumes it."""
+    found = [running for running in _STARTED if running.host_port == spanner_emulator]
+    if not found:
+        pytest.skip("the emulator was not started by this run (SPANNER_EMULATOR_HOST is set)")
+    return found[0]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A test that failed because the emulator stalled (``tests.stalls``) restarts it, so the
+    next tests meet a working one; the failure stands and says so."""
+    report = yield
+    if call.excinfo is not None and isinstance(call.excinfo.value, EmulatorStalled):
+        for running in _STARTED:
+            running.restart()
+        restarted = [r.host_port for r in _STARTED]
+        report.sections.append(("emulator", f"restarted the emulator at {restarted}"))
+    return report
 
 
 @pytest.fixture(scope="session")

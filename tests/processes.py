@@ -118,13 +118,25 @@ def wait_until_committed(
         time.sleep(0.1)
 
 
-def wait_until_landed(table: Path | str, transactions: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if landed_transactions(str(table)) >= transactions:
-            return
+def wait_until_landed(
+    table: Path | str, transactions: int, timeout: float, service: Any = None
+) -> None:
+    """Wait while transactions land; fail when none has landed for ``timeout`` seconds (with
+    the figures, and with ``service``, which of the emulator and the product stopped:
+    ``tests.stalls``). A slow, loaded machine that keeps landing is waited on."""
+    landed, moved = landed_transactions(str(table)), time.monotonic()
+    while landed < transactions:
+        if time.monotonic() - moved > timeout:
+            figures = f"{landed} of {transactions} landed, none for {timeout:.0f} s"
+            if service is None:
+                raise AssertionError(figures)
+            from tests.stalls import triage
+
+            raise triage(service, figures)
         time.sleep(0.5)
-    raise AssertionError(f"{landed_transactions(str(table))} of {transactions} landed in time")
+        now = landed_transactions(str(table))
+        if now > landed:
+            landed, moved = now, time.monotonic()
 
 
 def background_workload(

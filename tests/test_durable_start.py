@@ -161,7 +161,7 @@ def test_a_new_job_killed_before_its_first_commit_loses_nothing(
         )
         expected = [t for t in committed if t.commit_timestamp >= job_start]
         service.wait_for("configured_start_ignored", 1, process=final)
-        wait_until_landed(table, len(expected), timeout=120)
+        wait_until_landed(table, len(expected), timeout=120, service=service)
         final.send_signal(signal.SIGTERM)
         assert final.wait(timeout=20) == 0
     finally:

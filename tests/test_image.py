@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -27,6 +28,7 @@ from emulator.server import free_port
 from emulator.verify import changelog_watermark
 from emulator.workload import load_existing_rows
 from tests.checks import assert_mirrors_equal, compare_at_watermark
+from tests.compose import services, start_order
 from tests.containers import IMAGE, Container, not_json, status
 from tests.delta_checks import assert_change_log_invariants
 from tests.processes import background_workload, wait_until, wait_until_landed
@@ -69,42 +71,52 @@ def probes() -> dict[str, str]:
 
 
 def test_the_image_runs_the_product_and_every_line_is_json(
-    new_database, containers: Callable[..., Container], tmp_path: Path
+    spanner_client: Any, containers: Callable[..., Container], tmp_path: Path
 ) -> None:
     seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
     rng = random.Random(seed)
-    database = new_database("googlesql", accounts=200)
-    load_existing_rows(database, accounts=200, transfers=300, all_types=50, seed=seed)
+    compose = services(ROOT / "docker-compose.yml")
+    assert start_order(compose) == ["emulator", "bootstrap", "ingest", "pipeline"]
     health, metrics = free_port(), free_port()
-    spanner = {
+    name = f"image{os.getpid() % 10000}"
+    addresses = {  # what the harness assigns: its emulator, a database and ports of its own
         "SPANNER_EMULATOR_HOST": os.environ["SPANNER_EMULATOR_HOST"],
-        "SPANNER_PROJECT": "local-project",
-        "SPANNER_INSTANCE": "local-instance",
-        "SPANNER_DATABASE": database.database_id,
-        "SPANNER_CHANGE_STREAM": "all_changes",
+        "SPANNER_DATABASE": name,
         "INGEST_HEALTH_PORT": str(health),
-        "TINI_SUBREAPER": "1",  # tini is PID 1 under an engine; here it reaps as if it were
+        "PIPELINE_METRICS_PORT": str(metrics),
     }
-    ingest = containers("ingest", **spanner)
+
+    def from_compose(service: str, **settings: str) -> tuple[Container, list[str]]:
+        """A container of the compose service: its command and environment, the harness's
+        addresses where the file names its own."""
+        found = compose[service]
+        assert found.built and found.volumes == ["delta:/data"], found
+        env = {
+            **found.environment,
+            **{k: v for k, v in addresses.items() if k in found.environment},
+        }
+        return containers(service, **env, TINI_SUBREAPER="1", **settings), found.command
+
+    bootstrap, bootstrap_command = from_compose("bootstrap")
+    assert bootstrap.run(*bootstrap_command).wait(timeout=300) == 0, bootstrap.lines()[-20:]
+    database = spanner_client.instance("local-instance").database(name)
+    load_existing_rows(database, accounts=100, transfers=300, all_types=50, seed=seed)
+    ingest, ingest_command = from_compose("ingest")
+    # after the kill -9, the next container starts once the lock is this old (exit 2 before)
+    pipeline, pipeline_command = from_compose("pipeline", PIPELINE_LOCK_STALE_S="5")
+    spanner = {k: v for k, v in ingest.env.items() if k.startswith("SPANNER_")}
     source = containers(
         "spark-run",
         **spanner,
+        TINI_SUBREAPER="1",
         INGEST_SPARK_MASTER="local[2]",
         INGEST_SPARK_CHECKPOINT_URI="/data/spark-checkpoint",
-    )
-    pipeline = containers(
-        "pipeline",
-        PIPELINE_MASTER="local[2]",
-        PIPELINE_METRICS_PORT=str(metrics),
-        # after the kill -9, the next container starts once the lock is this old (exit 2 before)
-        PIPELINE_LOCK_STALE_S="5",
-        TINI_SUBREAPER="1",
     )
     url = f"http://127.0.0.1:{health}"
     running: list[subprocess.Popen[bytes]] = []
     stop_workload = threading.Event()
     try:
-        started = ingest.run()
+        started = ingest.run(*ingest_command)
         running.append(started)
         ready = probes()["readinessProbe"]
         ready_s = wait_until(lambda: status(f"{url}{ready}") == 200, 300, "/readyz", started)
@@ -112,8 +124,8 @@ def test_the_image_runs_the_product_and_every_line_is_json(
         assert status(f"{url}{probes()['livenessProbe']}") == 200
         assert status(f"{url}/metrics") == 200
         assert ingest.healthcheck() == 0, "HEALTHCHECK fails on a healthy service"
-
-        job = pipeline.run("pipeline", "run")
+        assert compose["pipeline"].depends_on == {"ingest": "service_healthy"}
+        job = pipeline.run(*pipeline_command)
         running.append(job)
         first_batch_s = wait_until(
             lambda: pipeline.count("pipeline_batch") >= 1, 600, "first batch", job
@@ -122,7 +134,7 @@ def test_the_image_runs_the_product_and_every_line_is_json(
         time.sleep(rng.uniform(0, 3))
         pipeline.kill(job)
         time.sleep(6)  # the killed job's lock goes stale (PIPELINE_LOCK_STALE_S)
-        job = pipeline.run("pipeline", "run")
+        job = pipeline.run(*pipeline_command)
         running.append(job)
 
         ingest.signal(started, signal.SIGTERM)
@@ -134,7 +146,7 @@ def test_the_image_runs_the_product_and_every_line_is_json(
         source.signal(driver, signal.SIGTERM)
         assert driver.wait(timeout=120) == 0, source.lines()[-20:]
 
-        started = ingest.run()
+        started = ingest.run(*ingest_command)
         running.append(started)
         wait_until(lambda: status(f"{url}{ready}") == 200, 300, "/readyz again", started)
         stop_workload.set()

@@ -181,3 +181,20 @@ def test_the_layout_in_the_design_is_the_tree() -> None:
                 missing.append(relative)
     assert missing == [], "not in docs/design.md's layout"
     assert [f for f in sorted(folders) if not (ROOT / f).is_dir()] == []
+
+
+LONGEST_FUNCTION = 60
+"""Lines a product function may take (docstring included): longer ones are read in two passes."""
+
+
+def test_no_product_function_is_longer_than_sixty_lines() -> None:
+    long = [
+        f"{path.relative_to(ROOT)}::{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for folder in ("runtime", "ingest", "pipeline")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
+    ]
+    assert long == []

@@ -45,6 +45,7 @@ from pipeline.state.registry import Deployment, SchemaRegistry
 from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
 from tests.pipeline_runs import configure, run, spanner_columns
 from tests.processes import Pipeline, Service
+from tests.stalls import triage
 
 pytestmark = pytest.mark.emulator
 
@@ -71,17 +72,25 @@ class Source:
     def landed(
         self, commit_timestamp: int, timeout: float = 180, changelog: Path | None = None
     ) -> None:
-        """Wait until the change log's low watermark passes the commit."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Wait until the change log's low watermark passes the commit, while it moves; fail
+        when it has not moved for ``timeout`` seconds, naming whether the emulator or the
+        product stopped (``tests.stalls``)."""
+        seen, moved = None, time.monotonic()
+        while True:
             watermark = changelog_watermark(str(changelog or self.changelog))
-            if watermark is not None and watermark.low_watermark >= commit_timestamp:
+            low = None if watermark is None else watermark.low_watermark
+            if low is not None and low >= commit_timestamp:
                 return
+            if low != seen:
+                seen, moved = low, time.monotonic()
+            elif time.monotonic() - moved > timeout:
+                figures = (
+                    f"commit {to_rfc3339(commit_timestamp)} did not land: W stayed at "
+                    f"{None if low is None else to_rfc3339(low)} for {timeout} s; "
+                    + self.service_state()
+                )
+                raise triage(self.service, figures)
             time.sleep(0.2)
-        raise AssertionError(
-            f"commit {to_rfc3339(commit_timestamp)} did not land in {timeout} s; "
-            + self.service_state()
-        )
 
     def service_state(self) -> str:
         """What the ingest service last said, for a failure message: alive or not, its newest

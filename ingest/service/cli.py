@@ -86,23 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
         required=os.environ.get("INGEST_TABLE_URI") is None,
         help="the change-log table (default $INGEST_TABLE_URI)",
     )
-    run = commands.add_parser(
-        "run", help="land the change stream in a Delta change-log table (long-running)"
-    )
-    run.add_argument(
-        "--config",
-        default=None,
-        help=f"TOML file (or {config_module.CONFIG_FILE_VARIABLE}); environment overrides it",
-    )
-    on_spark = commands.add_parser(
-        "spark-run",
-        help="land the change stream with a Spark streaming query on any master (long-running)",
-    )
-    on_spark.add_argument(
-        "--config",
-        default=None,
-        help=f"TOML file (or {config_module.CONFIG_FILE_VARIABLE}); environment overrides it",
-    )
+    for name, does in (
+        ("run", "land the change stream in a Delta change-log table (long-running)"),
+        ("spark-run", "land the change stream with a Spark streaming query on any master"),
+    ):
+        commands.add_parser(name, help=does).add_argument(
+            "--config",
+            default=None,
+            help=f"TOML file (or {config_module.CONFIG_FILE_VARIABLE}); environment overrides it",
+        )
     again = commands.add_parser(
         "snapshot-table",
         help="ask the running service to snapshot tables again (POST /snapshot on its health port)",

@@ -42,6 +42,27 @@ from ingest.snapshot.initial import reading_again, report_progress
 Logger = structlog.typing.FilteringBoundLogger
 
 
+def _land_reads(
+    reads: list[PartRead], progress: SnapshotProgress, sink: PartCommits, log: Logger
+) -> SnapshotProgress:
+    """Finished reads committed together with the progress they make."""
+    for read in reads:
+        progress = progress.part_advanced(
+            read.table, read.index, read.rows, read.last_key, read.done
+        )
+    sink.commit_parts(reads, progress)
+    for read in reads:
+        log.info(
+            "snapshot_part_landed",
+            table=read.table,
+            part=read.index,
+            rows=read.rows,
+            files=len(read.files),
+            done=read.done,
+        )
+    return progress
+
+
 @dataclass(frozen=True, slots=True)
 class PartRead:
     """What one read of a range landed in files, not committed yet."""
@@ -157,23 +178,12 @@ def read_parts(
             reads = [future.result() for future in finished]
             for future in finished:
                 del running[future]
-            for read in reads:
-                progress = progress.part_advanced(
-                    read.table, read.index, read.rows, read.last_key, read.done
-                )
-            sink.commit_parts(reads, progress)
-            for read in reads:
-                log.info(
-                    "snapshot_part_landed",
-                    table=read.table,
-                    part=read.index,
-                    rows=read.rows,
-                    files=len(read.files),
-                    done=read.done,
-                )
-                if not read.done:
-                    landed = progress.table(read.table).parts[read.index]
-                    waiting.insert(0, PartToRead(read.table, read.index, landed))
+            progress = _land_reads(reads, progress, sink, log)
+            waiting[:0] = [
+                PartToRead(read.table, read.index, progress.table(read.table).parts[read.index])
+                for read in reads
+                if not read.done
+            ][::-1]
             now = monotonic()
             if now - last_report >= settings.progress_interval_s or progress.complete:
                 last_report = now

@@ -27,10 +27,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import structlog
 
-from ingest.contract.changelog import SCHEMA
+from ingest.contract.changelog import SCHEMA, Checkpoint
 from ingest.delta.batcher import WatchedColumnsPoll
 from ingest.delta.sink import CommitResult, DeltaChangeLogSink, WriterFenced
 from ingest.model.records import WatchedColumns
+from ingest.model.resume import ResumePoint
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 from ingest.rules.assembler import IncompleteTransactionError, InconsistentTransactionError
 from ingest.rules.batches import BatchCut, BatchPlanError, PartitionRead, PartitionReport
@@ -117,21 +118,7 @@ class BatchLanding:
         checkpoint = self._sink.checkpoint(identity.version)
         batch_cut = BatchCut(checkpoint.resume_point, identity.end)
         batch_cut.apply(reports)
-        waves = [batch]
-        while len(waves) < self._max_waves and self._read_wave is not None:
-            budget = _records_left(identity.max_records, waves)
-            if budget == 0:
-                break
-            reads = batch_cut.next_wave(budget)
-            if not reads:
-                break
-            wave = self._read_wave(reads, replace(identity, partitions=len(reads)))
-            wave_reports, wave_identity = _reports(wave)
-            if wave_identity.partitions != len(reads):
-                raise BatchPlanError(f"a wave of {len(reads)} reads reported as another")
-            batch_cut.apply(wave_reports)
-            reports += wave_reports
-            waves.append(wave)
+        waves, reports = self._waves(batch, identity, batch_cut, reports)
         cut = batch_cut.cut()
         everything = pa.concat_tables(waves)
         data = everything.filter(pc.is_null(everything[REPORT]))
@@ -142,29 +129,7 @@ class BatchLanding:
         )
         commit_timestamps = _check_whole(below)
         transactions = len(commit_timestamps)
-        self._sink.continue_after(checkpoint)
-        watched = self._watched.changes(cut.low_watermark, self._monotonic())
-        try:
-            result = self._sink.commit_rows(_ordered(below), transactions, cut, watched)
-        except WriterFenced:
-            if self._landed_any:
-                raise
-            result = None  # superseded: another writer landed v + 1 while this query was down
-        if result is not None and not result.replayed:
-            self._needs_backfill(watched, cut.low_watermark)
-            self._watched.landed(watched)
-            self._log.info(
-                "delta_commit",
-                version=result.version,
-                delta_version=result.delta_version,
-                transactions=transactions,
-                rows=result.rows,
-                snapshot_rows=0,
-                schema_rows=sorted(watched),
-                low_watermark=to_rfc3339(cut.low_watermark),
-                watermark_lag_seconds=self._lag_s(cut.low_watermark),
-                replayed=False,
-            )
+        result = self._commit(checkpoint, below, transactions, cut)
         outcome = "superseded" if result is None else "replayed" if result.replayed else "landed"
         version = result.version if result is not None else None
         self._landed_any = True
@@ -200,6 +165,62 @@ class BatchLanding:
         if self._on_landed is not None:
             self._on_landed(landed)
         return landed
+
+    def _waves(
+        self,
+        batch: pa.Table,
+        identity: BatchIdentity,
+        batch_cut: BatchCut,
+        reports: list[PartitionReport],
+    ) -> tuple[list[pa.Table], list[PartitionReport]]:
+        """The batch's first wave and the ones the driver reads after it, while the cut can
+        still move and the record budget lasts; every wave's reports."""
+        waves = [batch]
+        while len(waves) < self._max_waves and self._read_wave is not None:
+            budget = _records_left(identity.max_records, waves)
+            if budget == 0:
+                break
+            reads = batch_cut.next_wave(budget)
+            if not reads:
+                break
+            wave = self._read_wave(reads, replace(identity, partitions=len(reads)))
+            wave_reports, wave_identity = _reports(wave)
+            if wave_identity.partitions != len(reads):
+                raise BatchPlanError(f"a wave of {len(reads)} reads reported as another")
+            batch_cut.apply(wave_reports)
+            reports = reports + wave_reports
+            waves.append(wave)
+        return waves, reports
+
+    def _commit(
+        self, checkpoint: Checkpoint, below: pa.Table, transactions: int, cut: ResumePoint
+    ) -> CommitResult | None:
+        """The whole transactions below the cut as the change log's next version; None when
+        another writer landed it first (this query was down)."""
+        self._sink.continue_after(checkpoint)
+        watched = self._watched.changes(cut.low_watermark, self._monotonic())
+        try:
+            result = self._sink.commit_rows(_ordered(below), transactions, cut, watched)
+        except WriterFenced:
+            if self._landed_any:
+                raise
+            return None  # superseded: another writer landed v + 1 while this query was down
+        if not result.replayed:
+            self._needs_backfill(watched, cut.low_watermark)
+            self._watched.landed(watched)
+            self._log.info(
+                "delta_commit",
+                version=result.version,
+                delta_version=result.delta_version,
+                transactions=transactions,
+                rows=result.rows,
+                snapshot_rows=0,
+                schema_rows=sorted(watched),
+                low_watermark=to_rfc3339(cut.low_watermark),
+                watermark_lag_seconds=self._lag_s(cut.low_watermark),
+                replayed=False,
+            )
+        return result
 
     def _needs_backfill(self, watched: WatchedColumns, low_watermark: Nanos) -> None:
         """The Spark source runs no table snapshot: a table whose new columns Spanner filled

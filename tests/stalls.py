@@ -1,0 +1,93 @@
+"""A stall in a test told apart: the emulator stopped answering, or the product stopped.
+
+When landing stops moving, a fresh client (none of the product's sessions, channels or threads)
+asks the emulator directly: a trivial read of the job's database, then the change stream query of
+a partition the service reports stuck (its newest ``partition_stuck`` line) from that partition's
+resume timestamp, for a few seconds. The emulator answering both means the product stalled: the
+test fails with the figures. Either not answering means the emulator stalled: the test fails with
+``EmulatorStalled``, and conftest restarts that emulator before the next test (never a silent
+rerun).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+from google.cloud import spanner
+from google.cloud.spanner_v1 import param_types
+
+from ingest.model.timestamps import parse_rfc3339, to_datetime
+
+ANSWER_WITHIN_S = 30.0
+"""How long the emulator gets for each question; the product's own queries wait far longer."""
+PARTITION_READ_S = 3
+"""The length of the stuck partition's query asked for: it must end, with heartbeats."""
+
+
+class EmulatorStalled(AssertionError):
+    """The emulator, not the product, stopped: what it did not answer."""
+
+
+def triage(service: Any, figures: str) -> AssertionError:
+    """The failure for a landing that stopped: ``EmulatorStalled`` or the product's stall."""
+    env = service.env
+    client = spanner.Client(project=env.get("SPANNER_PROJECT", "local-project"))
+    instance = client.instance(env.get("SPANNER_INSTANCE", "local-instance"))
+    database = instance.database(env["SPANNER_DATABASE"])
+    stream = env.get("SPANNER_CHANGE_STREAM", "all_changes")
+    stuck = [e for e in service.events() if e["event"] == "partition_stuck"]
+    questions: list[tuple[str, Callable[[], object]]] = [
+        ("a trivial read", lambda: _rows(database, "SELECT 1", {}, {}))
+    ]
+    if stuck:
+        token, resume = stuck[-1]["partition_token"], stuck[-1]["resume_timestamp"]
+        questions.append(
+            (
+                f"the stuck partition {token[:12]}… from {resume}",
+                lambda: _read(database, stream, token, resume),
+            )
+        )
+    for question, ask in questions:
+        failure = _unanswered(ask)
+        if failure is not None:
+            return EmulatorStalled(f"{figures}; the emulator did not answer {question}: {failure}")
+    asked = " and ".join(question for question, _ in questions)
+    return AssertionError(f"{figures}; the product stalled (the emulator answered {asked})")
+
+
+def _unanswered(ask: Any) -> str | None:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:
+        pool.submit(ask).result(timeout=ANSWER_WITHIN_S)
+    except concurrent.futures.TimeoutError:
+        return f"no answer in {ANSWER_WITHIN_S:.0f} s"
+    except Exception as error:  # any failure to answer is the finding
+        return f"{type(error).__name__}: {str(error)[:200]}"
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return None
+
+
+def _read(database: Any, stream: str, token: str, resume: str) -> list[Any]:
+    start = to_datetime(parse_rfc3339(resume))
+    sql = (
+        f"SELECT ChangeRecord FROM READ_{stream}(start_timestamp => @start, end_timestamp => "
+        "@end, partition_token => @token, heartbeat_milliseconds => 1000)"
+    )
+    params = {"start": start, "end": start + dt.timedelta(seconds=PARTITION_READ_S), "token": token}
+    types = {
+        "start": param_types.TIMESTAMP,
+        "end": param_types.TIMESTAMP,
+        "token": param_types.STRING,
+    }
+    return _rows(database, sql, params, types)
+
+
+def _rows(database: Any, sql: str, params: dict[str, Any], types: dict[str, Any]) -> list[Any]:
+    with database.snapshot() as snapshot:
+        return list(
+            snapshot.execute_sql(sql, params=params, param_types=types, timeout=ANSWER_WITHIN_S)
+        )

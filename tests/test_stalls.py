@@ -1,0 +1,50 @@
+"""A stall told apart by evidence (``tests.stalls``), on the real emulator: the ingest service
+stopped (SIGSTOP) while the emulator answers is the product's stall; the emulator stopped is the
+emulator's, named by the question it did not answer."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from emulator.server import RunningEmulator
+from tests.checks import accounts_written_after_start
+from tests.processes import BANKING, Service, background_workload, wait_until_landed
+from tests.stalls import EmulatorStalled
+
+STALLED_AFTER_S = 10
+
+
+@pytest.mark.emulator
+def test_a_stopped_product_and_a_stopped_emulator_are_told_apart(
+    new_database, started_emulator: RunningEmulator, tmp_path: Path
+) -> None:
+    database, start = accounts_written_after_start(new_database)
+    table = tmp_path / "changelog"
+    service = Service(database.database_id, table, tmp_path / "ingest.log", start)
+    process = service.start()
+    workload, stop, committed = background_workload(database, 600, 4, 7, **BANKING)
+    try:
+        wait_until_landed(table, 20, timeout=120, service=service)
+        os.kill(process.pid, signal.SIGSTOP)
+        with pytest.raises(AssertionError, match="the product stalled") as product:
+            wait_until_landed(table, len(committed) + 10_000, STALLED_AFTER_S, service)
+        assert not isinstance(product.value, EmulatorStalled)
+        os.kill(process.pid, signal.SIGCONT)
+        stop.set()
+        workload.join()
+        wait_until_landed(table, len(committed), timeout=120, service=service)
+        assert started_emulator.process is not None
+        os.kill(started_emulator.process.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(EmulatorStalled, match="did not answer a trivial read"):
+                wait_until_landed(table, len(committed) + 10_000, STALLED_AFTER_S, service)
+        finally:
+            os.kill(started_emulator.process.pid, signal.SIGCONT)
+    finally:
+        stop.set()
+        os.kill(process.pid, signal.SIGCONT)
+        process.kill()
