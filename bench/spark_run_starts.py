@@ -65,16 +65,12 @@ def main() -> int:
         f"machine: {platform.machine()} {os.cpu_count()} cores, python "
         f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}"
     )
-    busy = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)
-    ]
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
     try:
         with emulator() as running, tempfile.TemporaryDirectory() as work:
             os.environ["SPANNER_EMULATOR_HOST"] = running.host_port
             database = bootstrap(spanner.Client(project="local-project"), database_id="starts")
-            outcomes = [
-                start_once(database.database_id, Path(work), n) for n in range(args.starts)
-            ]
+            outcomes = [start_once(database.database_id, Path(work), n) for n in range(args.starts)]
     finally:
         for process in busy:
             process.kill()
