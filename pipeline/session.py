@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from runtime.jvm import loopback_when_unresolvable, own_session
-from runtime.storage import S3_SCHEMES, scheme_of, spark_config
+from runtime.storage import jars_dir, spark_config, store_jars
 
 DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
 GCS_CONNECTOR_URL = (
@@ -39,12 +39,6 @@ S3_SDK_PACKAGES = tuple(
 """S3A for s3:// and s3a:// (``fetch DIR --s3``): hadoop-aws of the Hadoop that PySpark ships
 (3.5.0) and the modules of the AWS SDK version it was built with that S3A uses. Kept in
 ``<jars>/s3/`` and added to a session only when one of its URIs is on S3."""
-JARS_VARIABLE = "SPARK_DELTA_JARS"
-DEFAULT_JARS_DIR = Path(__file__).resolve().parent.parent / ".jars"
-
-
-def jars_dir() -> Path:
-    return Path(os.environ.get(JARS_VARIABLE, DEFAULT_JARS_DIR))
 
 
 def base_config(shuffle_partitions: int = 4) -> dict[str, str]:
@@ -77,11 +71,7 @@ def build_session(
     jars = sorted(jars_dir().glob("*.jar"))
     if not jars:
         raise RuntimeError(f"no Delta jars in {jars_dir()}: run `make jars` first")
-    if any(scheme_of(uri) in S3_SCHEMES for uri in storage_uris):
-        s3_jars = sorted((jars_dir() / "s3").glob("*.jar"))
-        if not s3_jars:
-            raise RuntimeError(f"no S3A jars in {jars_dir() / 's3'}: run `make jars` first")
-        jars += s3_jars
+    jars += [jar for jar in store_jars(storage_uris) if jar not in jars]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if master:

@@ -10,7 +10,8 @@ delta-rs, pyarrow, obstore and Spark: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from pyarrow import fs as pafs
@@ -22,6 +23,31 @@ the request, not by restarting the job."""
 STORE_ENVIRONMENT = ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_SERVICE_ACCOUNT")
 """Besides every ``AWS_*`` variable: what an executor writing to a store needs from the driver's
 environment."""
+
+
+JARS_VARIABLE = "SPARK_DELTA_JARS"
+"""Where the product's jars are: Delta's, and S3A's in ``s3/`` (``python -m pipeline.session
+fetch``); the repository's ``.jars`` by default."""
+DEFAULT_JARS_DIR = Path(__file__).resolve().parent.parent / ".jars"
+
+
+def jars_dir() -> Path:
+    return Path(os.environ.get(JARS_VARIABLE, DEFAULT_JARS_DIR))
+
+
+def store_jars(uris: Sequence[str]) -> list[Path]:
+    """The jars a Spark session needs for ``uris`` beyond Spark's own: S3A's when one is on S3,
+    the GCS connector (fetched beside Delta's jars) when one is on GCS."""
+    schemes = {scheme_of(uri) for uri in uris}
+    jars = []
+    if schemes & set(S3_SCHEMES):
+        s3 = sorted((jars_dir() / "s3").glob("*.jar"))
+        if not s3:
+            raise RuntimeError(f"no S3A jars in {jars_dir() / 's3'}: run `make jars` first")
+        jars += s3
+    if "gs" in schemes:
+        jars += sorted(jars_dir().glob("gcs-connector*.jar"))
+    return jars
 
 
 def scheme_of(uri: str) -> str:

@@ -53,8 +53,8 @@ class SparkSource(Service):
     def __init__(
         self,
         database_id: str,
-        table: Path,
-        checkpoint: Path,
+        table: Path | str,
+        checkpoint: Path | str,
         log: Path,
         start: int | None,
         master: str = "local[2]",

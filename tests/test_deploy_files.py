@@ -18,7 +18,7 @@ from ingest.service.config import ENVIRONMENT as INGEST_ENVIRONMENT
 from ingest.service.config import ServiceConfig
 from pipeline.config import ENVIRONMENT as PIPELINE_ENVIRONMENT
 from pipeline.config import PipelineConfig
-from pipeline.session import JARS_VARIABLE
+from runtime.storage import JARS_VARIABLE
 
 ROOT = Path(__file__).resolve().parent.parent
 KNOWN_VARIABLES = {

@@ -36,6 +36,7 @@ from tests.checks import (
     start_after_setup,
 )
 from tests.delta_checks import assert_change_log_invariants, read_versions
+from tests.object_stores import minio
 from tests.processes import (
     Pipeline,
     Service,
@@ -255,21 +256,30 @@ def test_a_batch_spark_replays_lands_once_and_admission_control_bounds_batches(
 
 
 def test_a_change_log_handed_from_the_service_to_the_spark_source_and_back(
-    new_database, tmp_path: Path
+    new_database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Service, Spark source, a second driver on the same Spark checkpoint, service: each stops
     cleanly (its lease released) while the workload runs, the next continues from the newest
     checkpoint, and the change log passes the same checks as one writer's. The second driver,
     started by mistake while the first runs, stands by with one line and writes nothing until
-    the first hands the lease over."""
+    the first hands the lease over. The change log and the Spark checkpoint are on S3 (MinIO):
+    the driver's session reaches its checkpoint through S3A."""
     database = new_database("googlesql")
-    table, start = tmp_path / "changelog", start_after_setup()
+    with minio(tmp_path) as store:
+        for name, value in store.environment().items():
+            monkeypatch.setenv(name, value)
+        table, checkpoint = store.uri("changelog"), store.uri("spark-checkpoint")
+        _hand_over(database, table, checkpoint, tmp_path)
+
+
+def _hand_over(database: Any, table: str, checkpoint: str, tmp_path: Path) -> None:
+    start = start_after_setup()
     service = Service(database.database_id, table, tmp_path / "ingest.log", start)
     drivers = [
         SparkSource(
             database.database_id,
             table,
-            tmp_path / "spark-checkpoint",
+            checkpoint,
             tmp_path / f"spark-source-{n}.log",
             start,
             # a driver renews its lease with each batch: longer than a batch on a loaded machine
@@ -288,7 +298,7 @@ def test_a_change_log_handed_from_the_service_to_the_spark_source_and_back(
                 process = second_driver_takes_over(drivers, process)
             if (writer, event) == turns[-1]:
                 thread.join()
-                wait_until_landed(table, len(committed), timeout=180)
+                wait_until_landed(table, len(committed), timeout=180, service=service)
             os.killpg(process.pid, signal.SIGTERM)  # the group, as tini -g sends it
             assert process.wait(timeout=90) == 0
         finally:
@@ -298,9 +308,7 @@ def test_a_change_log_handed_from_the_service_to_the_spark_source_and_back(
     owners = [v.checkpoint.owner for v in versions if v.checkpoint]
     handovers = [o for o, n in itertools.pairwise(owners) if o != n]
     assert len(handovers) == 3, f"writers in turn: {handovers}"
-    spark_owners = {
-        o for o in owners if o.startswith(owner_of(str(tmp_path / "spark-checkpoint"), ""))
-    }
+    spark_owners = {o for o in owners if o.startswith(owner_of(checkpoint, ""))}
     assert len(spark_owners) == 2, owners
 
 

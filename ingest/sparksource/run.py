@@ -39,7 +39,7 @@ from ingest.sparksource.source import NAME, WAVE, ChangeStreamDataSource, Source
 from runtime.errors import BadInput, ReportedError
 from runtime.jvm import JvmLog, loopback_when_unresolvable, own_session
 from runtime.options import in_range, integer, load_options, non_empty, seconds
-from runtime.storage import STORE_ENVIRONMENT
+from runtime.storage import STORE_ENVIRONMENT, spark_config, store_jars
 
 Logger = structlog.typing.FilteringBoundLogger
 
@@ -306,6 +306,11 @@ def spark_session(spark: SparkSourceConfig, jvm_output: Callable[[str], None] | 
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.streaming.stopTimeout", "30s")
     )
+    jars = store_jars([spark.checkpoint_uri])
+    if jars:  # the checkpoint on an object store: its Hadoop file system
+        builder = builder.config("spark.jars", ",".join(map(str, jars)))
+    for name, value in spark_config().items():
+        builder = builder.config(name, value)
     forwarded = ("SPANNER_EMULATOR_HOST", "GOOGLE_CLOUD_SPANNER_MULTIPLEXED_SESSIONS")
     for name in sorted(os.environ):
         if name in forwarded or name in STORE_ENVIRONMENT or name.startswith("AWS_"):
