@@ -12,10 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from google.api_core import exceptions as api_exceptions
 
 from emulator.omissions import REPORT_PROPERTY, Omission, classify, reread_commits
 from emulator.workload import Workload, WorkloadConfig
-from ingest.changestream.query import Dialect
+from ingest.changestream.query import ChangeStreamQuery, Dialect, partition_ended_before
+from ingest.model.records import ChildPartitionsRecord
 from ingest.model.timestamps import parse_rfc3339
 from tests.checks import (
     TIMESTAMP_COLUMNS,
@@ -216,3 +218,32 @@ def test_every_column_type_round_trips(new_database, tmp_path: Path, dialect: st
         )
     assert any(row[0].nanosecond % 1000 for row in stored)
     assert "col_timestamp" in TIMESTAMP_COLUMNS
+
+
+@pytest.mark.emulator
+def test_a_partition_resumed_just_after_it_ended_gives_its_children(new_database) -> None:
+    """A job that stopped at a low watermark equal to a partition's end resumes it at W + 1 ns,
+    past its lifetime: the emulator refuses that start (``OutOfRange``), and the query reads the
+    partition again from its end, which returns its child partitions."""
+    database = new_database("googlesql")
+    query = ChangeStreamQuery(database, "all_changes", Dialect.GOOGLE_STANDARD_SQL, 1000)
+    now = time.time_ns()
+    root = [r for r in query.read(None, now, now) if isinstance(r, ChildPartitionsRecord)]
+    child = root[0].child_partitions[0]
+    ends = [
+        r
+        for r in query.read(child.token, root[0].start_timestamp, None)
+        if isinstance(r, ChildPartitionsRecord)
+    ]
+    ended = ends[0].start_timestamp  # the partition ends where its children start
+    with pytest.raises(api_exceptions.OutOfRange, match="invalid for the partition"):
+        list(query._read(child.token, ended + 1, None))  # what Spanner answers the plain query
+    resumed = list(query.read(child.token, ended + 1, None))
+    children = [r for r in resumed if isinstance(r, ChildPartitionsRecord)]
+    assert children and children[0].start_timestamp == ended, resumed
+    assert partition_ended_before(
+        "Specified start_timestamp is invalid for the partition. Please specify a start_timestamp "
+        "within 2026-11-26T10:20:44.904961+00:00 and 2026-11-26T10:20:46.970251+00:00. Received "
+        "start_timestamp: 2026-11-26T10:20:46.970251001+00:00., request_id = 1",
+        parse_rfc3339("2026-11-26T10:20:46.970251001Z"),
+    ) == parse_rfc3339("2026-11-26T10:20:46.970251Z")

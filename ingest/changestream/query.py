@@ -19,7 +19,13 @@ from google.cloud.spanner_v1.database import Database
 
 from ingest.changestream import mapper, proto_mapper, raw_mapper
 from ingest.model.records import ChangeRecord
-from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_datetime, to_rfc3339
+from ingest.model.timestamps import (
+    NANOS_PER_SECOND,
+    Nanos,
+    parse_rfc3339,
+    to_datetime,
+    to_rfc3339,
+)
 from runtime.errors import BadInput
 
 MIN_HEARTBEAT_MS = 1_000
@@ -33,6 +39,10 @@ _RETENTION = re.compile(r"^(\d+)([smhd])$")
 _RETENTION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _TOO_FAR_IN_THE_PAST = "too far in the past"
 _EARLIEST = re.compile(r"earliest read timestamp: (\S+?)\.? ")
+_PARTITION_LIFETIME = re.compile(
+    r"start_timestamp is invalid for the partition\. Please specify a start_timestamp within "
+    r"(\S+) and (\S+?)\. Received start_timestamp: (\S+?)\.?,? "
+)
 
 
 class Dialect(enum.Enum):
@@ -210,6 +220,15 @@ def statement(
     return sql, dict(zip(names, values, strict=True)), dict(zip(names, types, strict=True))
 
 
+def partition_ended_before(message: str, start: Nanos) -> Nanos | None:
+    """The end of a partition's lifetime when Spanner refused ``start`` for being after it."""
+    found = _PARTITION_LIFETIME.search(message + " ")
+    if found is None:
+        return None
+    ended = parse_rfc3339(found.group(2))
+    return ended if start > ended else None
+
+
 def row_mapper(
     dialect: Dialect, fields: Any, mutable_key_range: bool
 ) -> Callable[[list[Any]], list[ChangeRecord]]:
@@ -262,6 +281,22 @@ class ChangeStreamQuery:
             ) from None
 
     def read(
+        self, partition_token: str | None, start: Nanos, end: Nanos | None
+    ) -> Iterator[ChangeRecord]:
+        """The partition's records from ``start``. A partition resumed just after it ended (the
+        job stopped at a low watermark equal to the partition's end) is read again from its end,
+        which returns its child partitions: the emulator refuses the later start with
+        ``OutOfRange`` and the partition's lifetime. Records at or below the job's low watermark
+        that this reads again are dropped downstream, as after any restart."""
+        try:
+            yield from self._read(partition_token, start, end)
+        except api_exceptions.OutOfRange as error:
+            ended = None if partition_token is None else partition_ended_before(str(error), start)
+            if ended is None:
+                raise
+            yield from self._read(partition_token, ended, end)
+
+    def _read(
         self, partition_token: str | None, start: Nanos, end: Nanos | None
     ) -> Iterator[ChangeRecord]:
         sql, params, types = statement(
