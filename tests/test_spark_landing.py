@@ -5,6 +5,7 @@ a replayed batch, a batch another writer superseded, and a writer that lost the 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -228,3 +229,21 @@ def test_after_the_hand_over_no_batch_lands(tmp_path: Path) -> None:
     newest = read_versions(tmp_path / "changelog")[-1]
     assert newest.checkpoint is not None and newest.checkpoint.lease_released
     assert newest.checkpoint.resume_point.low_watermark == START + 200
+
+
+def test_a_change_log_trailing_by_half_the_retention_raises_the_page_alert(tmp_path: Path) -> None:
+    """spark-run raises the service's page alert (docs/operations.md) from the same rule."""
+    events: list[tuple[str, dict]] = []
+
+    class Recording:
+        def __getattr__(self, level: str) -> Any:
+            return lambda event, **fields: events.append((event, fields))
+
+    sink = job_at(tmp_path)
+    watched = WatchedColumnsPoll(None, 10.0, null_logger())
+    hour = 3600 * 10**9
+    landing = BatchLanding(sink, watched, Recording(), retention_nanos=hour)
+    p1 = [record(START + 120, "tx-a", 0, 1)]
+    landing.land(batch(2, START + 500, {"p1": (p1, closed("p1", START + 500))}), batch_id=0)
+    alerts = [fields for event, fields in events if event == "watermark_lag_near_retention"]
+    assert alerts and alerts[0]["retention_seconds"] == 3600, events

@@ -235,12 +235,7 @@ class Batcher:
             watermark_lag_seconds=round(lag_nanos / NANOS_PER_SECOND, 3),
             replayed=result.replayed,
         )
-        if lag_nanos > self.retention_nanos // 2:
-            self.log.warning(
-                "watermark_lag_near_retention",
-                watermark_lag_seconds=round(lag_nanos / NANOS_PER_SECOND, 3),
-                retention_seconds=self.retention_nanos // NANOS_PER_SECOND,
-            )
+        warn_near_retention(self.log, lag_nanos, self.retention_nanos)
         self.pending, self.pending_rows, self.pending_since = [], 0, None
         self.landed(point.low_watermark)
 
@@ -264,3 +259,14 @@ class Batcher:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+def warn_near_retention(log: Logger, lag_nanos: Nanos, retention_nanos: Nanos) -> None:
+    """The page alert of both runtimes: the change log trails Spanner by more than half the
+    stream's retention, and data past the retention is lost."""
+    if lag_nanos > retention_nanos // 2:
+        log.warning(
+            "watermark_lag_near_retention",
+            watermark_lag_seconds=round(lag_nanos / NANOS_PER_SECOND, 3),
+            retention_seconds=retention_nanos // NANOS_PER_SECOND,
+        )

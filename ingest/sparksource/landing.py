@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import structlog
 
 from ingest.contract.changelog import SCHEMA, Checkpoint
-from ingest.delta.batcher import WatchedColumnsPoll
+from ingest.delta.batcher import WatchedColumnsPoll, warn_near_retention
 from ingest.delta.sink import CommitResult, DeltaChangeLogSink, WriterFenced
 from ingest.model.records import WatchedColumns
 from ingest.model.resume import ResumePoint
@@ -78,10 +78,13 @@ class BatchLanding:
         on_landed: Callable[[LandedBatch], None] | None = None,
         read_wave: ReadWave | None = None,
         max_waves: int = 4,
+        retention_nanos: Nanos | None = None,
     ) -> None:
         """``read_wave`` reads a further wave of a batch (partitions that became ready within
         it) on the executors, at most ``max_waves`` waves per batch in all; without it every
-        such partition lowers the cut."""
+        such partition lowers the cut. ``retention_nanos``: the stream's, for the alert when
+        the change log trails by half of it."""
+        self._retention_nanos = retention_nanos
         self._sink = sink
         self._watched = watched
         self._log = log
@@ -220,6 +223,9 @@ class BatchLanding:
                 watermark_lag_seconds=self._lag_s(cut.low_watermark),
                 replayed=False,
             )
+            if self._retention_nanos is not None:
+                lag = self._wall_clock() - cut.low_watermark
+                warn_near_retention(self._log, lag, self._retention_nanos)
         return result
 
     def _needs_backfill(self, watched: WatchedColumns, low_watermark: Nanos) -> None:

@@ -221,6 +221,7 @@ def _read_stream(
         on_landed=metrics.landed,
         read_wave=wave_reader(session, options),
         max_waves=spark.max_waves_per_batch,
+        retention_nanos=opened.info.retention_nanos,
     )
     session.streams.addListener(metrics.listener())
     _stream(session, options, spark, landing, log, stop)
