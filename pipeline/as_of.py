@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from pipeline import batch_log
-from pipeline.batch_log import LandedBatch
+from pipeline.batch_log import AppliedBatch
 from pipeline.catalog import query, scan
 from pipeline.history import HISTORY_SINCE, IS_CURRENT, Histories
 from pipeline.mirror import KEYS_COLUMN, POSITION_COLUMN, mirror_uri
@@ -167,7 +167,7 @@ def _history_tables(
     return chosen
 
 
-def _kept(histories: Histories, mirror_root: str, landed: list[LandedBatch]) -> set[str]:
+def _kept(histories: Histories, mirror_root: str, landed: list[AppliedBatch]) -> set[str]:
     """Every table with a history: named by a batch, or by the configuration."""
     named = {t for b in landed for t in b.history_versions}
     return named | ({t for t in histories.tables if t != "*"})
@@ -175,7 +175,7 @@ def _kept(histories: Histories, mirror_root: str, landed: list[LandedBatch]) -> 
 
 def _batch_at(
     mirror_root: str, at: str, tables: Iterable[str] | None
-) -> tuple[LandedBatch, dict[str, int]]:
+) -> tuple[AppliedBatch, dict[str, int]]:
     """The newest consistent batch whose W ≤ ``at``, and each mirror's version it left: the
     one its newest batch up to it recorded (a batch records the mirrors it changed)."""
     landed = batch_log.read(mirror_root)

@@ -38,7 +38,7 @@ SCHEMA = pa.schema(
 
 
 @dataclass(frozen=True, slots=True)
-class LandedBatch:
+class AppliedBatch:
     batch_id: int
     generation: int
     changelog_version: int
@@ -64,40 +64,40 @@ def commit_metadata(watermark_text: str | None, batch_id: int) -> dict[str, str]
     return {JOB_COMMIT_KEY: json.dumps({"watermark": watermark_text, "batch_id": batch_id})}
 
 
-def record(mirror_root: str, landed: LandedBatch, app_id: str, log: Logger) -> None:
+def record(mirror_root: str, applied: AppliedBatch, app_id: str, log: Logger) -> None:
     """Append the batch's row, once."""
     uri = log_uri(mirror_root)
-    commit_once(BATCH_LOG, lambda: _append(uri, landed, app_id), landed.batch_id, log)
-    if landed.batch_id % COMPACT_EVERY == COMPACT_EVERY - 1:
-        commit_once(f"{BATCH_LOG} compaction", lambda: _compact(uri), landed.batch_id, log)
+    commit_once(BATCH_LOG, lambda: _append(uri, applied, app_id), applied.batch_id, log)
+    if applied.batch_id % COMPACT_EVERY == COMPACT_EVERY - 1:
+        commit_once(f"{BATCH_LOG} compaction", lambda: _compact(uri), applied.batch_id, log)
 
 
-def _append(uri: str, landed: LandedBatch, app_id: str) -> None:
+def _append(uri: str, applied: AppliedBatch, app_id: str) -> None:
     from deltalake import DeltaTable, write_deltalake
     from deltalake.exceptions import TableNotFoundError
 
     options = delta_storage_options(uri)
     try:
-        if holds_batch(DeltaTable(uri, storage_options=options), app_id, landed.batch_id):
+        if holds_batch(DeltaTable(uri, storage_options=options), app_id, applied.batch_id):
             return
     except TableNotFoundError:
         pass
     row = {
-        "batch_id": landed.batch_id,
-        "generation": landed.generation,
-        "changelog_version": landed.changelog_version,
-        "watermark_text": landed.watermark_text,
-        "consistent": landed.consistent,
-        "changelog_start_text": landed.changelog_start_text,
-        "mirror_versions": json.dumps(landed.mirror_versions, sort_keys=True),
-        "history_versions": json.dumps(landed.history_versions, sort_keys=True),
+        "batch_id": applied.batch_id,
+        "generation": applied.generation,
+        "changelog_version": applied.changelog_version,
+        "watermark_text": applied.watermark_text,
+        "consistent": applied.consistent,
+        "changelog_start_text": applied.changelog_start_text,
+        "mirror_versions": json.dumps(applied.mirror_versions, sort_keys=True),
+        "history_versions": json.dumps(applied.history_versions, sort_keys=True),
     }
     write_deltalake(
         uri,
         pa.Table.from_pylist([row], schema=SCHEMA),
         mode="append",
         storage_options=options,
-        commit_properties=commit_properties(app_id, landed.batch_id, None),
+        commit_properties=commit_properties(app_id, applied.batch_id, None),
     )
 
 
@@ -110,7 +110,7 @@ def _compact(uri: str) -> None:
     table.create_checkpoint()
 
 
-def read(mirror_root: str) -> list[LandedBatch]:
+def read(mirror_root: str) -> list[AppliedBatch]:
     """Every batch recorded, oldest first (a rebased generation numbers its batches from 0
     again)."""
     from deltalake import DeltaTable
@@ -122,12 +122,12 @@ def read(mirror_root: str) -> list[LandedBatch]:
     except TableNotFoundError:
         return []
     rows = table.to_pyarrow_dataset().to_table(use_threads=False).to_pylist()
-    landed = [_from_row(row) for row in rows]
-    return sorted(landed, key=lambda b: (b.generation, b.batch_id))
+    applied = [_from_row(row) for row in rows]
+    return sorted(applied, key=lambda b: (b.generation, b.batch_id))
 
 
-def _from_row(row: Mapping[str, object]) -> LandedBatch:
-    return LandedBatch(
+def _from_row(row: Mapping[str, object]) -> AppliedBatch:
+    return AppliedBatch(
         batch_id=int(str(row["batch_id"])),
         generation=int(str(row["generation"])),
         changelog_version=int(str(row["changelog_version"])),

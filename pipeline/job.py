@@ -249,7 +249,7 @@ def start_query(
     )
     writer = (
         applied.writeStream.foreachBatch(
-            BatchLanding(config, plan, stats, log, metrics, generation, lease)
+            BatchWriter(config, plan, stats, log, metrics, generation, lease)
         )
         .option("checkpointLocation", config.checkpoint_uri)
         .queryName(config.job_id)
@@ -261,7 +261,7 @@ def start_query(
     return writer.start()
 
 
-class BatchLanding:
+class BatchWriter:
     """Each micro-batch's end: MERGE it into the mirrors, record the mirrors' cut, retire the
     generation a rebase replaced once this one has committed a batch, and report.
 
@@ -297,8 +297,8 @@ class BatchLanding:
             self._app_id = f"{config.job_id}:{checkpoint_id(config.checkpoint_uri)}"
         self._lease()
         offset = cut.batch_end_offset(config.checkpoint_uri, batch_id)
-        landed = self._landed(batch_id, offset)
-        metadata = batch_log.commit_metadata(landed.watermark_text, batch_id)
+        applied = self._applied(batch_id, offset)
+        metadata = batch_log.commit_metadata(applied.watermark_text, batch_id)
         if self._plan.processors:
             batch = batch.persist()
             mirrored = batch.where(F.col(OUTPUT_COLUMN).isNull()).select(*self._mirror_columns)
@@ -327,7 +327,7 @@ class BatchLanding:
         batch_log.record(
             config.mirror_root,
             replace(
-                landed,
+                applied,
                 mirror_versions=result.mirror_versions,
                 history_versions=result.history_versions,
             ),
@@ -379,7 +379,7 @@ class BatchLanding:
             )
             self._metrics.processor_rows.labels(name).inc(appended)
 
-    def _landed(self, batch_id: int, offset: dict[str, object] | None) -> batch_log.LandedBatch:
+    def _applied(self, batch_id: int, offset: dict[str, object] | None) -> batch_log.AppliedBatch:
         """Where the batch leaves the mirrors: the last change-log version it applies whole,
         that version's W, and whether the mirrors then equal Spanner at W."""
         whole = -1 if offset is None else cut.next_version(offset) - 1
@@ -393,7 +393,7 @@ class BatchLanding:
             begins = checkpoint.snapshot.read_timestamp if checkpoint.snapshot else None
             begins = begins if begins is not None else checkpoint.job_start
             start = None if begins is None else to_rfc3339(begins)
-        return batch_log.LandedBatch(
+        return batch_log.AppliedBatch(
             batch_id=batch_id,
             generation=self._generation.number,
             changelog_version=whole,

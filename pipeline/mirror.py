@@ -47,7 +47,7 @@ def mirror_uri(mirror_root: str, table: str) -> str:
 MIRROR_TARGET_FILE_BYTES = 16 * 1024 * 1024
 """Mirror files written by the driver MERGE stay about this size (bench/RESULTS.md, mirror size)."""
 GENERATIONS_PROPERTY = "spanner_cdc.generations"
-"""Mirror table property: the generation each column holds (pipeline.shapes.Generation)."""
+"""Mirror table property: the generation each column holds (pipeline.shapes.ColumnGeneration)."""
 
 
 KEYS_COLUMN = "_cdc_keys"

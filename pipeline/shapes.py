@@ -19,7 +19,7 @@ from pipeline.types import generation_label, labelled_state_type, spark_type, st
 
 
 @dataclass(frozen=True, slots=True)
-class Generation:
+class ColumnGeneration:
     """A column between a drop and a re-add under another state type.
 
     Spanner keeps no value across a drop, so each generation has a state field of its own: the
@@ -46,7 +46,7 @@ class TableShape:
     learned_through: str = ""
     """The newest commit timestamp (RFC 3339 text) of the table's rows the shape was learned from:
     rows up to it are history, whatever their column types."""
-    generations: tuple[tuple[str, tuple[Generation, ...]], ...] = ()
+    generations: tuple[tuple[str, tuple[ColumnGeneration, ...]], ...] = ()
     """Columns that had more than one generation, oldest first."""
     dropped: tuple[tuple[str, str], ...] = ()
     """Columns dropped and not added again: (name, commit timestamp of the first row that showed
@@ -59,11 +59,11 @@ class TableShape:
     def column(self, name: str) -> ColumnType | None:
         return next((c for c in self.columns if c.name == name), None)
 
-    def generations_of(self, column: ColumnType) -> tuple[Generation, ...]:
+    def generations_of(self, column: ColumnType) -> tuple[ColumnGeneration, ...]:
         for name, generations in self.generations:
             if name == column.name:
                 return generations
-        return (Generation(column.name, state_type(column.type), ""),)
+        return (ColumnGeneration(column.name, state_type(column.type), ""),)
 
     def fixed_state_fields(self) -> dict[str, str]:
         """The state field of each column with one generation: the same whatever a row's commit
@@ -222,7 +222,7 @@ def merge_shapes(
     the exact change points from the rows.
     """
     seen = _Seen.of(observed)
-    generations: dict[str, list[tuple[str, tuple[Generation, ...]]]] = {}
+    generations: dict[str, list[tuple[str, tuple[ColumnGeneration, ...]]]] = {}
     dropped: dict[str, list[tuple[str, str]]] = {}
     for (table, name), carried in sorted(seen.spans.items()):
         absent = [
@@ -240,7 +240,7 @@ def merge_shapes(
                 (
                     name,
                     tuple(
-                        Generation(
+                        ColumnGeneration(
                             generation_field(name, n),
                             labelled_state_type(label),
                             "" if n == 1 else since,

@@ -277,7 +277,7 @@ def test_a_batch_s_own_commit_whose_answer_was_lost_is_recognised_not_failed(
     schema = T.StructType([T.StructField("n", T.LongType())])
     output = f"{root}/processors/counts"
     ensure_output(output, schema, "counts", null_logger())
-    batch_log.record(root, batch_log.LandedBatch(0, 0, 0, None, False, None), "job", null_logger())
+    batch_log.record(root, batch_log.AppliedBatch(0, 0, 0, None, False, None), "job", null_logger())
 
     log_puts = FaultRates(lost_answer=0.5, methods=("PUT",), path=r"_delta_log/")
     proxy = StoreFaults(s3.endpoint, log_puts, seed=3).start()
@@ -286,7 +286,7 @@ def test_a_batch_s_own_commit_whose_answer_was_lost_is_recognised_not_failed(
         monkeypatch.setenv(name, value)
     batches = range(1, 9)
     for batch_id in batches:
-        landed = batch_log.LandedBatch(batch_id, 0, batch_id, None, False, None)
+        landed = batch_log.AppliedBatch(batch_id, 0, batch_id, None, False, None)
         batch_log.record(root, landed, "job", null_logger())
         rows = spark.createDataFrame([(batch_id,), (batch_id * 10,)], schema)
         append_batch(rows, output, "job", batch_id, 1000, null_logger())
