@@ -283,6 +283,25 @@ class RecordingLogger:
     info = warning = error = debug = _record
 
 
+def test_a_change_log_vacuumed_under_a_stopped_job_stops_it_with_one_line(
+    spark, tmp_path: Path
+) -> None:
+    """Versions the job has not read, compacted by the ingest and vacuumed with no retention:
+    their files are gone, and the job says so and how to recover instead of Spark's error."""
+    config = configure(tmp_path)
+    changelog = ChangeLog(config.changelog_uri)
+    seed(changelog)
+    run(spark, config)
+    for key in range(10, 14):
+        changelog.commit(("accounts", "INSERT", {"account_id": str(key)}, {"owner": "x"}))
+        changelog.land()
+    table = DeltaTable(config.changelog_uri)
+    table.optimize.compact()
+    table.vacuum(0, dry_run=False, enforce_retention_duration=False)
+    with pytest.raises(PipelineFailed, match=r"^CHANGELOG_FILES_REMOVED: a data file of "):
+        run(spark, config)
+
+
 def test_a_batch_of_wide_rows_goes_to_spark_however_few_they_are(spark, tmp_path: Path) -> None:
     """The driver collects a batch only when it is small in bytes as well as rows."""
     config = configure(tmp_path)
