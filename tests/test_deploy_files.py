@@ -4,6 +4,7 @@ variables the code itself defines."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import re
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import yaml
 
 from ingest.service.config import ENVIRONMENT as INGEST_ENVIRONMENT
@@ -256,8 +258,8 @@ def test_dashboards_and_alerts_name_only_exported_metrics() -> None:
 
 def test_the_kubernetes_manifests_pass_the_kubernetes_schemas() -> None:
     """Every resource of the Deployments' files, strictly (no field the schema lacks), against
-    the schemas kubernetes-validate ships. The SparkApplication is the operator's own kind, whose
-    schema is not kept here (docs/limitations.md)."""
+    the schemas kubernetes-validate ships. The SparkApplication is the operator's own kind: the
+    next test."""
     result = subprocess.run(
         [
             sys.executable,
@@ -274,6 +276,34 @@ def test_the_kubernetes_manifests_pass_the_kubernetes_schemas() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     passed = [line for line in result.stdout.splitlines() if " passed for resource " in line]
     assert len(passed) == 6, result.stdout
+
+
+def test_the_sparkapplication_passes_the_spark_operator_s_crd_schema() -> None:
+    """Against the operator's CRD schema kept in deploy/schemas (its source named there),
+    strictly: a field the schema does not name fails, as Kubernetes would prune it."""
+    packed = ROOT / "deploy/schemas/sparkapplication-v1beta2.schema.json.gz"
+    schema = _strict(json.loads(gzip.decompress(packed.read_bytes())))
+    manifest = yaml.safe_load(
+        (ROOT / "deploy/kubernetes/pipeline-sparkapplication.yaml").read_text()
+    )
+    validator = jsonschema.Draft7Validator(schema)
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(manifest)]
+    assert errors == []
+    wrong = {**manifest, "spec": {**manifest["spec"], "drivr": {"cores": 1}}}
+    assert not validator.is_valid(wrong), "the strict schema lets an unknown field through"
+
+
+def _strict(schema: Any) -> Any:
+    """The schema with every object that lists its properties closed to others (unless it keeps
+    unknown fields, as Kubernetes does for x-kubernetes-preserve-unknown-fields)."""
+    if isinstance(schema, list):
+        return [_strict(part) for part in schema]
+    if not isinstance(schema, dict):
+        return schema
+    strict = {key: _strict(value) for key, value in schema.items()}
+    if "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        strict.setdefault("additionalProperties", False)
+    return strict
 
 
 def test_the_dockerfiles_pass_hadolint() -> None:
