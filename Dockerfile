@@ -13,6 +13,9 @@ FROM ${PYTHON_IMAGE} AS build
 # gs:// needs the GCS connector (37 MB), s3:// S3A with the AWS SDK's S3 modules (10 MB): leave
 # a store out with --build-arg CONNECTORS=gcs, or CONNECTORS= for local paths only.
 ARG CONNECTORS="gcs s3"
+# Spark's jars without what the product never loads (deploy/lean_spark_jars.py), or all of them
+# with --build-arg SPARK_JARS=full.
+ARG SPARK_JARS=lean
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
  && rm -rf /var/lib/apt/lists/*
@@ -23,6 +26,10 @@ RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --upgrade pip \
  && /opt/venv/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
  && /opt/venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt
+COPY deploy/lean_spark_jars.py /tmp/
+RUN if [ "$SPARK_JARS" = lean ]; then \
+      /opt/venv/bin/python /tmp/lean_spark_jars.py /opt/venv/lib/python3*/site-packages/pyspark/jars; \
+    fi
 # The jars: a layer that changes only with the code that names them.
 COPY runtime runtime
 COPY pipeline/__init__.py pipeline/session.py pipeline/
