@@ -21,8 +21,14 @@ from pyspark.sql import Row
 from pyspark.sql import types as T
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
-from ingest.contract.changelog import DELETES, SNAPSHOT_DELETE, SNAPSHOT_ROW, parse_column_types
-from ingest.model.records import ColumnType, sequence_key
+from ingest.contract.changelog import (
+    DELETES,
+    SNAPSHOT_DELETE,
+    SNAPSHOT_ROW,
+    parse_column_types,
+    position,
+)
+from ingest.model.records import ColumnType
 from pipeline.shapes import TableShape, lists_every_column
 from pipeline.state.variables import (
     CHANGE_STATS,
@@ -133,17 +139,6 @@ def output_schema(
             T.StructField(FIRST_CHANGE, T.TimestampType()),
         ]
     return T.StructType(fields)
-
-
-def position(row: Any) -> tuple[str, str, tuple[int, str], int]:
-    """The change log's total order (docs/design.md, contract 1), comparable across rows and
-    state."""
-    return (
-        row["commit_timestamp_text"],
-        row["server_transaction_id"],
-        sequence_key(row["record_sequence"]),
-        row["mod_index"],
-    )
 
 
 @dataclass(slots=True)

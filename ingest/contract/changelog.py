@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ingest.model.encoding import canonical_json, column_type_from_dict, column_type_to_dict
-from ingest.model.records import ColumnType
+from ingest.model.records import ColumnType, sequence_key
 from ingest.model.resume import ResumablePartition, ResumablePartitions, ResumePoint
 from ingest.model.snapshot import Key, PartProgress, SnapshotProgress, TableProgress
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
@@ -71,6 +71,22 @@ transaction id."""
 DELETE = "DELETE"
 """``mod_type`` of a stream delete, as Spanner names it."""
 DELETES = (DELETE, SNAPSHOT_DELETE)
+
+
+Position = tuple[str, str, tuple[int, str], int]
+"""A row's place in the change log's total order: (``commit_timestamp_text``,
+``server_transaction_id``, ``record_sequence`` by length then text, ``mod_index``)."""
+
+
+def position(row: Any) -> Position:
+    """The change log's total order of one row (a mapping or a Spark row), comparable across
+    rows, state and processors."""
+    return (
+        row["commit_timestamp_text"],
+        row["server_transaction_id"],
+        sequence_key(row["record_sequence"]),
+        row["mod_index"],
+    )
 
 
 def column_types_json(column_types: Iterable[ColumnType]) -> str:

@@ -23,14 +23,14 @@ from typing import Any, ClassVar
 
 from pyspark.sql import types as T
 
+from ingest.contract.changelog import Position
+
 INSERT, UPDATE, DELETE = "INSERT", "UPDATE", "DELETE"
 FIRST_IMAGE = "SNAPSHOT"
 """A row as the change log's snapshot read it (the initial one at T0, or an on-demand one)."""
 FIRST_IMAGE_DELETE = "SNAPSHOT_DELETE"
 """An on-demand snapshot did not find the key: it was gone at its time."""
 
-Position = tuple[str, str, tuple[int, str], int]
-"""(commit timestamp text, transaction id, record sequence, mod index): the change log's order."""
 OutputRow = Mapping[str, Any] | Sequence[Any]
 
 

@@ -11,12 +11,12 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ingest.contract.changelog import SCHEMA_ROW, parse_column_types
-from ingest.model.records import ColumnType, sequence_key
+from ingest.contract.changelog import SCHEMA_ROW, parse_column_types, position
+from ingest.model.records import ColumnType
 from ingest.model.timestamps import parse_rfc3339
 from pipeline.processor import INPUT_COLUMNS, RowNotApplicable
 from pipeline.types import spark_type
-from pipeline.user_processors.api import Change, ChangeProcessor, Position, SchemaChange
+from pipeline.user_processors.api import Change, ChangeProcessor, SchemaChange
 from pipeline.values import from_micros, spark_value
 
 FEED_COLUMNS = [*INPUT_COLUMNS, "old_values"]
@@ -96,15 +96,6 @@ def _value_text(column: str) -> Column:
         F.get_json_object(F.col("new_values"), path),
         F.get_json_object(F.col("old_values"), path),
         F.get_json_object(F.col("keys"), path),
-    )
-
-
-def position(row: Any) -> Position:
-    return (
-        row["commit_timestamp_text"],
-        row["server_transaction_id"],
-        sequence_key(row["record_sequence"]),
-        row["mod_index"],
     )
 
 
