@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -31,6 +32,7 @@ from typing import Any
 from google.cloud import spanner
 
 from emulator.bootstrap import bootstrap, seed_accounts
+from emulator.omissions import reread_commits
 from emulator.processes import Process
 from emulator.run_report import (
     MirrorCheck,
@@ -47,6 +49,8 @@ from emulator.verify import (
     consistent_past,
 )
 from emulator.workload import CommittedTransaction, Workload, WorkloadConfig, load_existing_rows
+from ingest.changestream.query import Dialect
+from ingest.model.timestamps import parse_rfc3339
 
 ACCOUNTS = 100
 PROGRESS_EVERY_S = 5.0
@@ -240,7 +244,24 @@ def run(options: RunOptions, interrupted: threading.Event) -> int:
         say("checking every mirror table against Spanner at the last watermark")
         summary = _summary(running, check_mirrors(database, options.root), options.root)
         print_summary(summary, folder)
+        if summary.missing:
+            _reread_missing(database, summary.missing, folder)
         return 0 if summary.check.passed else 1
+
+
+def _reread_missing(database: Any, missing: tuple[str, ...], folder: Path) -> None:
+    """Whether a fresh bounded re-read of the stream returns each transaction the change log
+    lacks: if it does not, the emulator's stream does not hold it and the service could not
+    land it; if it does, the service missed what the stream holds (summary.json says which)."""
+    first, last = parse_rfc3339(missing[0]), parse_rfc3339(missing[-1])
+    reread = reread_commits(database, "all_changes", Dialect.GOOGLE_STANDARD_SQL, first, last)
+    returned = [text for text in missing if text in reread]
+    for text in missing:
+        where = "returned" if text in returned else "not returned either"
+        say(f"  re-read of the stream at {text}: {where}")
+    record = json.loads((folder / "summary.json").read_text())
+    record["missing_returned_by_reread"] = returned
+    (folder / "summary.json").write_text(json.dumps(record, indent=2))
 
 
 def _sample_database(options: RunOptions, stack: contextlib.ExitStack) -> tuple[Any, str]:

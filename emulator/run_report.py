@@ -48,6 +48,8 @@ class Summary:
     committed: int
     """Transactions committed after T0 (those before are in the snapshot)."""
     landed: int
+    missing: tuple[str, ...]
+    """Commit timestamps of transactions committed after T0 that the change log lacks."""
     changelog_p50_s: float | None
     """Commit → change log: from a transaction's commit to the change-log commit that landed
     it, for the commits that commit → mirror counts."""
@@ -222,6 +224,7 @@ def summarize(
         snapshot_rows=snapshot.rows if snapshot else None,
         committed=sum(t.commit_timestamp > after for t in committed),
         landed=landed_transactions(f"{root}/changelog"),
+        missing=missing_commits(committed, after, f"{root}/changelog"),
         changelog_p50_s=percentile(landing, 0.5),
         changelog_p99_s=percentile(landing, 0.99),
         lag_p50_s=percentile(lags, 0.5),
@@ -241,6 +244,20 @@ def summarize(
     )
 
 
+def missing_commits(
+    committed: list[CommittedTransaction], after: int, changelog: str
+) -> tuple[str, ...]:
+    """The commits after ``after`` the change log does not hold, as RFC 3339 texts."""
+    from deltalake import DeltaTable
+
+    from pipeline.catalog import scan
+
+    texts = scan(DeltaTable(changelog), ["commit_timestamp_text"]).column(0).to_pylist()
+    held = set(texts)
+    wanted = sorted(to_rfc3339(t.commit_timestamp) for t in committed if t.commit_timestamp > after)
+    return tuple(text for text in wanted if text not in held)
+
+
 def print_summary(summary: Summary, folder: Path) -> None:
     """To the terminal, and as ``summary.json`` in the run folder for tools (bench/)."""
     record = {k: v for k, v in dataclasses.asdict(summary).items() if k != "check"}
@@ -257,6 +274,8 @@ def print_summary(summary: Summary, folder: Path) -> None:
     say(f"  snapshot at T0           {snapshot}")
     say(f"  transactions after T0    {summary.committed}")
     say(f"  transactions landed      {summary.landed}")
+    for text in summary.missing:
+        say(f"  missing from the change log: a transaction committed at {text}")
     say(f"  change-log version       {summary.check.changelog_version}")
     say(f"  watermark lag p50 / p99  {seconds(summary.lag_p50_s)} / {seconds(summary.lag_p99_s)}")
     say(
