@@ -111,21 +111,15 @@ def _literal_transport(
     return (lambda column: column), F.lit
 
 
-@contextlib.contextmanager
-def job_commit(spark: SparkSession) -> Iterator[None]:
+def job_commit(spark: SparkSession) -> contextlib.AbstractContextManager[None]:
     """delta-spark's next commit carries the job's mark and no batch (a mirror rewritten for a
     column's new type)."""
-    spark.conf.set(USER_METADATA, json.dumps({JOB_COMMIT_KEY: "{}"}))
-    try:
-        yield
-    finally:
-        spark.conf.unset(USER_METADATA)
+    return _commit_settings(spark, {USER_METADATA: json.dumps({JOB_COMMIT_KEY: "{}"})})
 
 
-@contextlib.contextmanager
 def batch_commit(
     spark: SparkSession, app_id: str, batch_id: int, metadata: Mapping[str, str] | None
-) -> Iterator[None]:
+) -> contextlib.AbstractContextManager[None]:
     """delta-spark's next commit carries the batch's ``txn`` and ``metadata`` (its commit
     info's user metadata, as JSON)."""
     settings = {
@@ -134,6 +128,12 @@ def batch_commit(
     }
     if metadata:
         settings[USER_METADATA] = json.dumps(dict(metadata), sort_keys=True)
+    return _commit_settings(spark, settings)
+
+
+@contextlib.contextmanager
+def _commit_settings(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    """Session settings delta-spark reads at its next commit, unset after it."""
     for name, value in settings.items():
         spark.conf.set(name, value)
     try:
@@ -201,9 +201,14 @@ def commit_properties(app_id: str, batch_id: int, metadata: Mapping[str, str] | 
     )
 
 
-def _is_retryable_conflict(error: BaseException) -> bool:
+def _conflict(error: BaseException | None) -> str | None:
+    """Which retryable conflict ``error`` is (its name appears in its text), if any."""
     text = f"{type(error).__name__}: {error}"
-    return any(name in text for name in RETRYABLE_CONFLICTS)
+    return next((name for name in RETRYABLE_CONFLICTS if name in text), None)
+
+
+def _is_retryable_conflict(error: BaseException) -> bool:
+    return _conflict(error) is not None
 
 
 def commit_once(table: str, commit: Callable[[], R], batch_id: int, log: Logger) -> R:
@@ -230,12 +235,10 @@ def _log_retry(
     log: structlog.typing.FilteringBoundLogger, table: str, batch_id: int, state: RetryCallState
 ) -> None:
     error = state.outcome.exception() if state.outcome else None
-    text = f"{type(error).__name__}: {error}"
-    conflict = next((name for name in RETRYABLE_CONFLICTS if name in text), None)
     log.warning(
         "batch_commit_retry",
         table=table,
         batch_id=batch_id,
-        conflict=conflict,
+        conflict=_conflict(error),
         cause=str(error)[:200],
     )

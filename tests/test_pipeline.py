@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from structlog.testing import CapturingLogger
 
 from ingest.delta import changelog as changelog_rows
 from ingest.model.records import ColumnType
@@ -229,16 +230,16 @@ def test_a_spark_merge_that_meets_a_user_s_maintenance_is_retried(
         "table_name",
         _maintained_on_second_read(uri, maintenance, str(evaluations))(changed["table_name"]),
     )
-    log = RecordingLogger()
+    log = CapturingLogger()
     merge = functools.partial(
         merge_into_mirror, spark, uri, shapes["accounts"], changed, "user-maintenance", 50
     )
-    commit_once("accounts", merge, 50, log)  # type: ignore[arg-type]
-    retries = [fields for event, fields in log.events if event == "batch_commit_retry"]
+    commit_once("accounts", merge, 50, log)
+    retries = [call.kwargs for call in log.calls if call.args == ("batch_commit_retry",)]
     if conflict is None:
-        assert not retries, log.events
+        assert not retries, log.calls
     else:
-        assert retries and retries[0]["conflict"] == conflict, log.events
+        assert retries and retries[0]["conflict"] == conflict, log.calls
     assert mirror_rows(spark, config)[1] == {"account_id": 1, "owner": "zed", "balance": 5}
     assert DeltaTable(uri).transaction_version("user-maintenance") == 50
     merges = [c for c in DeltaTable(uri).history(4) if c["operation"] == "MERGE"]
@@ -269,18 +270,6 @@ def _maintained_on_second_read(uri: str, maintenance: str, evaluations: str) -> 
         return value
 
     return F.udf(passing, "string")
-
-
-class RecordingLogger:
-    """The events a function logged, with their fields."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
-
-    def _record(self, event: str, **fields: Any) -> None:
-        self.events.append((event, fields))
-
-    info = warning = error = debug = _record
 
 
 def test_a_change_log_vacuumed_under_a_stopped_job_stops_it_with_one_line(

@@ -5,10 +5,10 @@ a replayed batch, a batch another writer superseded, and a writer that lost the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pytest
+from structlog.testing import CapturingLogger
 
 from ingest.delta.batcher import WatchedColumnsPoll
 from ingest.delta.sink import DeltaChangeLogSink, WriterFenced
@@ -233,17 +233,12 @@ def test_after_the_hand_over_no_batch_lands(tmp_path: Path) -> None:
 
 def test_a_change_log_trailing_by_half_the_retention_raises_the_page_alert(tmp_path: Path) -> None:
     """spark-run raises the service's page alert (docs/operations.md) from the same rule."""
-    events: list[tuple[str, dict]] = []
-
-    class Recording:
-        def __getattr__(self, level: str) -> Any:
-            return lambda event, **fields: events.append((event, fields))
-
+    log = CapturingLogger()
     sink = job_at(tmp_path)
     watched = WatchedColumnsPoll(None, 10.0, null_logger())
     hour = 3600 * 10**9
-    landing = BatchLanding(sink, watched, Recording(), retention_nanos=hour)
+    landing = BatchLanding(sink, watched, log, retention_nanos=hour)
     p1 = [record(START + 120, "tx-a", 0, 1)]
     landing.land(batch(2, START + 500, {"p1": (p1, closed("p1", START + 500))}), batch_id=0)
-    alerts = [fields for event, fields in events if event == "watermark_lag_near_retention"]
-    assert alerts and alerts[0]["retention_seconds"] == 3600, events
+    alerts = [c.kwargs for c in log.calls if c.args == ("watermark_lag_near_retention",)]
+    assert alerts and alerts[0]["retention_seconds"] == 3600, log.calls
