@@ -332,7 +332,7 @@ class OneTimestampRunSource:
     records at one commit timestamp, slowly: a long run that moves no watermark until it ends
     (as a large transaction, or an initial query's thousands of child partitions records)."""
 
-    RECORDS = 120
+    RECORDS = 1500
 
     def read(self, token: str | None, start: Nanos, end: Nanos | None) -> Iterator[ChangeRecord]:
         if token is None:
@@ -355,13 +355,15 @@ class OneTimestampRunSource:
 
 
 def test_a_partition_sending_records_at_one_timestamp_is_not_stuck() -> None:
-    """The run takes 0.24 s, 24 heartbeat intervals: silent by its watermark, not by its stream."""
+    """The run takes 3 s, three times the stuck limit: silent by its watermark, not by its stream.
+    A record comes every 2 ms, so only a pause of a whole second between two of them (not a busy
+    machine's scheduling) would count as silence: with a 50 ms limit, a loaded run saw 67 ms."""
     log, events = captured_logger()
     config = ReaderConfig(
         start_timestamp=1000,
         end_timestamp=1399,
-        heartbeat_ms=10,
-        stuck_after_heartbeats=5,
+        heartbeat_ms=100,
+        stuck_after_heartbeats=10,
         retry=FAST_RETRY,
     )
     reader = ChangeStreamReader(OneTimestampRunSource(), config, log)
