@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from runtime.jvm import loopback_when_unresolvable, own_session
+from runtime.jvm import JIT_SETTINGS, loopback_when_unresolvable, own_session
 from runtime.storage import jars_dir, spark_config, store_jars
 
 DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
@@ -52,6 +52,7 @@ def base_config(shuffle_partitions: int = 4) -> dict[str, str]:
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.ui.showConsoleProgress": "false",
         "spark.ui.enabled": "false",
+        **JIT_SETTINGS,
         **spark_config(),
     }
 

@@ -66,6 +66,15 @@ def seed(changelog: ChangeLog) -> None:
     changelog.land()
 
 
+def test_the_session_s_jvm_compiles_with_c1_only(spark) -> None:
+    """What bench/RESULTS.md measured ("The JVM's compiler") is what a session gets."""
+    jvm = spark._jvm
+    diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
+    assert diagnostics.getVMOption("TieredStopAtLevel").getValue() == "1"
+
+
 def test_a_change_log_holding_only_a_new_jobs_empty_first_version_is_waited_on(
     tmp_path: Path,
 ) -> None:

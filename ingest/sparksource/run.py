@@ -37,7 +37,7 @@ from ingest.sparksource.rows import BatchIdentity
 from ingest.sparksource.snapshot import SparkSnapshotSettings, snapshot_in_tasks
 from ingest.sparksource.source import NAME, WAVE, ChangeStreamDataSource, SourceOptions, wave_json
 from runtime.errors import BadInput, ReportedError
-from runtime.jvm import JvmLog, loopback_when_unresolvable, own_session
+from runtime.jvm import JIT_SETTINGS, JvmLog, loopback_when_unresolvable, own_session
 from runtime.options import in_range, integer, load_options, non_empty, seconds
 from runtime.storage import STORE_ENVIRONMENT, spark_config, store_jars
 
@@ -310,7 +310,7 @@ def spark_session(spark: SparkSourceConfig, jvm_output: Callable[[str], None] | 
     jars = store_jars([spark.checkpoint_uri])
     if jars:  # the checkpoint on an object store: its Hadoop file system
         builder = builder.config("spark.jars", ",".join(map(str, jars)))
-    for name, value in spark_config().items():
+    for name, value in {**JIT_SETTINGS, **spark_config()}.items():
         builder = builder.config(name, value)
     forwarded = ("SPANNER_EMULATOR_HOST", "GOOGLE_CLOUD_SPANNER_MULTIPLEXED_SESSIONS")
     for name in sorted(os.environ):
