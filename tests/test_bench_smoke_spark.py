@@ -24,7 +24,7 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         r"ratio service/bare: \d+\.\d\d",
     ),
     "commit_to_mirror.py": (
-        ["--rates", "20", "--seconds", "5", "--warmup", "120", "--partitions", "6"],
+        ["--rates", "20", "--seconds", "20", "--warmup", "60", "--partitions", "6"],
         r"^20\t\d+\t(\d+)\t\1\t\d+\t[\d.]+\t[\d.]+/[\d.]+\t",
     ),
     "microbatch_profile.py": (
