@@ -7,7 +7,7 @@ from runtime.process import prepare
 
 def main() -> int:
     prepare()  # before grpc loads (runtime/process.py): the command line imports the client
-    from ingest.service.cli import main as command_line
+    from ingest.cli import main as command_line
 
     return command_line()
 

@@ -16,8 +16,8 @@ from typing import Any
 import jsonschema
 import yaml
 
-from ingest.service.config import ENVIRONMENT as INGEST_ENVIRONMENT
-from ingest.service.config import ServiceConfig
+from ingest.job.config import ENVIRONMENT as INGEST_ENVIRONMENT
+from ingest.job.config import JobConfig
 from pipeline.config import ENVIRONMENT as PIPELINE_ENVIRONMENT
 from pipeline.config import PipelineConfig
 from runtime.storage import JARS_VARIABLE
@@ -32,7 +32,7 @@ KNOWN_VARIABLES = {
     "PATH",
 }
 SERVICE_SOURCE = (ROOT / "ingest" / "service" / "health.py").read_text()
-HEALTH_PORT = ServiceConfig().health_port
+HEALTH_PORT = JobConfig().health_port
 
 
 def module_exists(argv: list[str]) -> None:
@@ -190,8 +190,8 @@ def exported_metric_names() -> set[str]:
 
     from ingest.changestream.config import ReaderConfig
     from ingest.changestream.reader import ChangeStreamReader
+    from ingest.job.metrics import IngestMetrics
     from ingest.model.snapshot import SnapshotProgress
-    from ingest.service.metrics import IngestMetrics
     from pipeline.metrics import PipelineMetrics
     from runtime.logs import null_logger
 

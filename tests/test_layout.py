@@ -13,6 +13,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+SHARED_INGEST = (
+    "runtime",
+    "ingest.model",
+    "ingest.contract",
+    "ingest.rules",
+    "ingest.changestream",
+    "ingest.delta",
+    "ingest.snapshot",
+)
+"""What the job layer and the two runtimes on it stand on."""
 ALLOWED = {
     "runtime": ("runtime",),
     "ingest.model": ("ingest.model",),
@@ -33,8 +43,9 @@ ALLOWED = {
         "ingest.changestream.retries",
         "ingest.snapshot",
     ),
-    "ingest.service": ("runtime", "ingest"),
-    "ingest.sparksource": ("runtime", "ingest"),
+    "ingest.job": (*SHARED_INGEST, "ingest.job"),
+    "ingest.service": (*SHARED_INGEST, "ingest.job", "ingest.service"),
+    "ingest.sparksource": (*SHARED_INGEST, "ingest.job", "ingest.sparksource"),
     "ingest": ("runtime", "ingest"),
     "pipeline": ("pipeline", "runtime", "ingest.model", "ingest.contract"),
     "examples": ("pipeline.user_processors",),

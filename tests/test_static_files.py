@@ -14,7 +14,7 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 
 def test_the_configuration_reference_matches_the_code() -> None:
-    from ingest.service.config import reference
+    from ingest.job.config import reference
     from ingest.sparksource.run import spark_reference
     from pipeline.config import reference as pipeline_reference
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from ingest.service.metrics import IngestMetrics
+from ingest.job.metrics import IngestMetrics
 from ingest.snapshot.parts import PartRead
 from ingest.sparksource.landing import LandedBatch
 from runtime.metrics import progress_listener, serve

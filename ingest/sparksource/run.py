@@ -27,10 +27,10 @@ import structlog
 from ingest.changestream.watched_columns import read_column_defaults, read_watched_columns
 from ingest.delta.batcher import WatchedColumnsPoll
 from ingest.delta.schema_rows import landed_watched_columns
+from ingest.job.config import JobConfig
+from ingest.job.taking import TakenJob, release_lease, take_job
 from ingest.model.snapshot import SnapshotMode
 from ingest.rules.batches import PartitionRead
-from ingest.service.config import ServiceConfig
-from ingest.service.run import TakenJob, release_lease, take_job
 from ingest.sparksource.landing import BatchLanding, ReadWave
 from ingest.sparksource.metrics import SparkSourceMetrics
 from ingest.sparksource.rows import BatchIdentity
@@ -46,7 +46,7 @@ Logger = structlog.typing.FilteringBoundLogger
 
 @dataclass(frozen=True, slots=True)
 class SparkSourceConfig:
-    """What only the Spark source has; everything else is the service's ``ServiceConfig``."""
+    """What only the Spark source has; everything else is the service's ``JobConfig``."""
 
     master: str = "local[2]"
     checkpoint_uri: str = "./data/spark-source-checkpoint"
@@ -122,7 +122,7 @@ def owner_of(checkpoint_uri: str, driver: str) -> str:
 
 
 def run_spark_source(
-    config: ServiceConfig, spark: SparkSourceConfig, log: Logger, stop: threading.Event
+    config: JobConfig, spark: SparkSourceConfig, log: Logger, stop: threading.Event
 ) -> int:
     """1. open the Spanner side; 2. wait for the lease, continue after the newest checkpoint;
     3. a new job records its start (and snapshot), a resumed one keeps it; 4. serve
@@ -183,7 +183,7 @@ def snapshot_settings(spark: SparkSourceConfig, session: Any) -> SparkSnapshotSe
 
 def _read_stream(
     job: TakenJob,
-    config: ServiceConfig,
+    config: JobConfig,
     spark: SparkSourceConfig,
     session: Any,
     metrics: SparkSourceMetrics,

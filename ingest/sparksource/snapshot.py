@@ -33,12 +33,12 @@ from ingest.contract.changelog import (
 from ingest.delta.absent_keys import absent_keys, holds_rows_before
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.delta.snapshot_files import SnapshotFile, SnapshotFileWriter, read_keys
+from ingest.job.config import JobConfig
+from ingest.job.snapshot_window import open_snapshot
 from ingest.model.records import ColumnType, WatchedColumns
 from ingest.model.snapshot import Key, PartProgress, SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
 from ingest.rules.snapshot_parts import PartToRead
-from ingest.service.config import ServiceConfig
-from ingest.service.run import open_snapshot
 from ingest.snapshot.parts import PartRead, PartSettings, read_parts, read_range, split_tables
 from ingest.snapshot.reader import count_rows, read_table, sample_keys
 from ingest.sparksource.source import spanner_database
@@ -142,7 +142,7 @@ class SparkSnapshot:
     def __init__(
         self,
         session: Any,
-        config: ServiceConfig,
+        config: JobConfig,
         sink: DeltaChangeLogSink,
         columns: WatchedColumns,
         read_timestamp: Nanos,
@@ -225,7 +225,7 @@ def _files(reads: Iterable[PartRead]) -> list[SnapshotFile]:
 def snapshot_in_tasks(
     session: Any,
     opened: OpenedStream,
-    config: ServiceConfig,
+    config: JobConfig,
     settings: SparkSnapshotSettings,
     progress: SnapshotProgress,
     sink: DeltaChangeLogSink,

@@ -1,4 +1,5 @@
-"""Configuration of the ingest service: defaults, then an optional TOML file, then environment.
+"""Configuration of an ingest job, for both runtimes (the service and `spark-run`): defaults, then
+an optional TOML file, then the environment.
 
 Every option has a default that works against a local emulator. A bad value raises
 ``ConfigError`` naming the option, where it came from, and what is allowed.
@@ -34,7 +35,7 @@ CONFIG_FILE_VARIABLE = "INGEST_CONFIG_FILE"
 
 
 @dataclass(frozen=True, slots=True)
-class ServiceConfig:
+class JobConfig:
     project: str = "local-project"
     instance: str = "local-instance"
     database: str = "bank"
@@ -180,10 +181,10 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def load(environ: Mapping[str, str] | None = None, file: str | None = None) -> ServiceConfig:
+def load(environ: Mapping[str, str] | None = None, file: str | None = None) -> JobConfig:
     environ = os.environ if environ is None else environ
     path = file or environ.get(CONFIG_FILE_VARIABLE)
-    config = load_options(ServiceConfig, PARSERS, ENVIRONMENT, environ, path)
+    config = load_options(JobConfig, PARSERS, ENVIRONMENT, environ, path)
     if config.lease_s < 2 * config.checkpoint_interval_s:
         raise ConfigError(
             f"lease_s ({config.lease_s}) must be at least twice checkpoint_interval_s "
@@ -198,4 +199,4 @@ def load(environ: Mapping[str, str] | None = None, file: str | None = None) -> S
 
 def reference() -> list[tuple[str, str, object]]:
     """(option, environment variable, default) for every option: the documentation's source."""
-    return [(f.name, ENVIRONMENT[f.name], f.default) for f in fields(ServiceConfig)]
+    return [(f.name, ENVIRONMENT[f.name], f.default) for f in fields(JobConfig)]

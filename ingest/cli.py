@@ -38,7 +38,7 @@ from ingest.changestream.reader import ChangeStreamReader
 from ingest.model.encoding import canonical_json, transaction_to_dict
 from ingest.model.resume import Release
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
-from ingest.service import config as config_module
+from ingest.job import config as config_module
 from ingest.service.audit import audit, newest_watermark
 from ingest.service.run import run_service
 from runtime.commands import Parser, UsageError, one_line, run_command
