@@ -12,7 +12,7 @@ Times, from this process's start:
   step's rows, persisted, counted and collected);
 - the end of the first batch.
 
-Timers wrap ``pipeline.job.write_batch`` and the two mirror MERGE functions where
+Timers wrap ``pipeline.batch_writer.write_batch`` and the two mirror MERGE functions where
 ``pipeline.landing`` calls them; nothing else changes.
 
 Usage: python bench/microbatch_profile.py [--versions 11] [--keys 10000] [--merge driver]
@@ -39,10 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pipeline_throughput import MODS_PER_TRANSACTION, available_now, land_changelog
 
-import pipeline.job
+import pipeline.batch_writer
 import pipeline.landing
+from pipeline.batch_writer import JobStats
 from pipeline.config import PipelineConfig
-from pipeline.job import JobStats, plan_deployment, spark_settings, start_query
+from pipeline.deployment import plan_deployment
+from pipeline.job import spark_settings, start_query
 from pipeline.metrics import PipelineMetrics
 from pipeline.mirror import ensure_mirror, mirror_uri
 from pipeline.session import build_session
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         local_merge_max_rows=defaults.local_merge_max_rows if args.merge == "driver" else 0,
     )
     timers = Timers()
-    timers.wrap(pipeline.job, "write_batch", timers.write_batch)
+    timers.wrap(pipeline.batch_writer, "write_batch", timers.write_batch)
     timers.wrap(pipeline.landing, "merge_on_driver", timers.merge)
     timers.wrap(pipeline.landing, "merge_into_mirror", timers.merge)
 

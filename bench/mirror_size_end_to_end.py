@@ -37,8 +37,10 @@ from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import Mod
 from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.timestamps import parse_rfc3339
+from pipeline.batch_writer import JobStats
 from pipeline.config import PipelineConfig
-from pipeline.job import JobStats, plan_deployment, spark_settings, start_query
+from pipeline.deployment import plan_deployment
+from pipeline.job import spark_settings, start_query
 from pipeline.metrics import PipelineMetrics
 from pipeline.mirror import mirror_uri
 from pipeline.session import build_session

@@ -41,8 +41,10 @@ from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import ColumnType, DataChangeRecord, Mod, Transaction
 from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
+from pipeline.batch_writer import JobStats
 from pipeline.config import PipelineConfig
-from pipeline.job import JobStats, plan_deployment, read_changes, spark_settings, start_query
+from pipeline.deployment import plan_deployment
+from pipeline.job import read_changes, spark_settings, start_query
 from pipeline.landing import write_batch
 from pipeline.metrics import PipelineMetrics
 from pipeline.mirror import ensure_mirror, mirror_uri

@@ -35,10 +35,10 @@ from ingest.changestream.config import (
 )
 from ingest.changestream.opening import StreamAddress, open_stream
 from ingest.changestream.reader import ChangeStreamReader
+from ingest.job import config as config_module
 from ingest.model.encoding import canonical_json, transaction_to_dict
 from ingest.model.resume import Release
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
-from ingest.job import config as config_module
 from ingest.service.audit import audit, newest_watermark
 from ingest.service.run import run_service
 from runtime.commands import Parser, UsageError, one_line, run_command

@@ -88,7 +88,7 @@ def load_config(arguments: argparse.Namespace) -> config_module.PipelineConfig:
 
 def check_state_schema(config: config_module.PipelineConfig) -> int:
     from pipeline.catalog import discover_shapes
-    from pipeline.job import checked_state_schemas, only_limits
+    from pipeline.deployment import checked_state_schemas, only_limits
     from pipeline.state import generations
     from pipeline.state.registry import SchemaRegistry
     from pipeline.user_processors.loading import load_all

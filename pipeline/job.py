@@ -12,22 +12,18 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
-from ingest.model.timestamps import to_rfc3339
-from pipeline import batch_log
-from pipeline.catalog import checkpoint_at, discover_shapes, version_holding
+from pipeline.batch_writer import BatchWriter, JobStats
+from pipeline.catalog import version_holding
 from pipeline.config import PipelineConfig
-from pipeline.foreign_commits import TABLE_CHANGED_BEHIND_JOB, DeltaCommits, ForeignCommitCheck
-from pipeline.history import Histories, ensure_history, mirrors_reached
-from pipeline.landing import write_batch
+from pipeline.deployment import Plan, only_limits, plan_deployment
+from pipeline.foreign_commits import TABLE_CHANGED_BEHIND_JOB
+from pipeline.history import ensure_history, mirrors_reached
 from pipeline.metrics import PipelineMetrics
 from pipeline.mirror import MIRROR_TARGET_FILE_BYTES, ensure_mirror, mirror_uri
 from pipeline.processor import (
@@ -36,38 +32,25 @@ from pipeline.processor import (
     SOURCE_SCHEMA_CHANGED,
     STATE_ROUNDTRIP_MISMATCH,
     ChangeApplier,
-    output_schema,
 )
-from pipeline.rebase import rebase_from_the_changelog, retire_replaced
-from pipeline.shapes import TableShape
-from pipeline.state import cut, generations
+from pipeline.rebase import rebase_from_the_changelog
+from pipeline.state import generations
 from pipeline.state.checkpoint import (
     CheckpointLock,
     CheckpointLockLost,
-    checkpoint_id,
     roll_back_uncommitted_batch,
 )
 from pipeline.state.compatibility import (
-    Evolution,
-    Limits,
     StateSchemaError,
-    check_evolution,
-    fields_added,
 )
 from pipeline.state.generations import Generation
-from pipeline.state.registry import Deployment, SchemaRegistry
-from pipeline.state.variables import legacy_variables, state_schemas
-from pipeline.user_processors.api import ChangeProcessor
+from pipeline.state.variables import legacy_variables
 from pipeline.user_processors.feed import routed
 from pipeline.user_processors.host import (
-    OUTPUT_COLUMN,
     ChangeApplierWithProcessors,
     job_output_schema,
-    output_column,
 )
-from pipeline.user_processors.host import state_schemas as processor_state_schemas
-from pipeline.user_processors.loading import load_all
-from pipeline.user_processors.outputs import append_batch, ensure_output, output_uri
+from pipeline.user_processors.outputs import ensure_output, output_uri
 from runtime.errors import ReportedError
 
 Logger = structlog.typing.FilteringBoundLogger
@@ -76,87 +59,6 @@ RESTART_MARKERS = (SOURCE_SCHEMA_CHANGED, STATE_ROUNDTRIP_MISMATCH, "ConcurrentA
 
 class PipelineFailed(ReportedError, RuntimeError):
     pass
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What one start of the query runs with."""
-
-    shapes: dict[str, TableShape]
-    deployment: Deployment
-    deleted_variables: tuple[str, ...]
-    guarded_fields: dict[str, tuple[str, ...]]
-    histories: Histories | None = None
-    processors: tuple[type[ChangeProcessor], ...] = ()
-
-    @property
-    def kept(self) -> frozenset[str]:
-        """The tables that keep a history."""
-        return frozenset() if self.histories is None else self.histories.of(self.shapes)
-
-
-def checked_state_schemas(
-    config: PipelineConfig,
-    shapes: dict[str, TableShape],
-    registry: SchemaRegistry,
-    processors: tuple[type[ChangeProcessor], ...] = (),
-) -> tuple[dict[str, T.StructType], Evolution]:
-    """The state schemas the tables and the users' processors need, and how they evolve the
-    recorded ones.
-
-    Raises StateSchemaError when a rule is broken; run by every start and by
-    ``check-state-schema``.
-    """
-    history = registry.history()
-    schemas = state_schemas(shapes, history[-1].schemas if history else None)
-    schemas.update(processor_state_schemas(processors))
-    evolution = check_evolution(history, schemas, config.confirmed_drop_set, limits(config))
-    return schemas, evolution
-
-
-def limits(config: PipelineConfig) -> Limits:
-    return Limits(config.max_evolutions_per_variable, config.max_evolutions_per_query)
-
-
-def only_limits(refused: StateSchemaError) -> bool:
-    """Whether a refusal is only Spark's evolution limits: what a rebase resolves."""
-    return all(r.rule.startswith("evolution limit") for r in refused.refusals)
-
-
-def plan_deployment(config: PipelineConfig, log: Logger) -> Plan:
-    """Shapes, checked and recorded state schemas; StateSchemaError when a rule is broken."""
-    shapes = discover_shapes(config.changelog_uri)
-    if not shapes:
-        return Plan({}, Deployment(0, {}, ()), (), {})
-    processors = load_all(config.processors)
-    registry = SchemaRegistry(config.checkpoint_uri)
-    schemas, evolution = checked_state_schemas(config, shapes, registry, processors)
-    deployment = registry.record(schemas, evolution.removed_variables)
-    if evolution.is_change:
-        log.info(
-            "state_schema_evolved",
-            deployment=deployment.number,
-            added_variables=list(evolution.added_variables),
-            removed_variables=list(evolution.removed_variables),
-            changed_variables=list(evolution.changed_variables),
-        )
-    history = registry.history()
-    guarded = {}
-    if len(history) > 1:
-        before, after = history[-2].schemas, history[-1].schemas
-        for name, struct in after.items():
-            if name in before and (added := fields_added(before[name], struct)):
-                guarded[name] = added
-    histories = Histories(config.history_root, config.history_table_set)
-    return Plan(shapes, deployment, deployment.deleted, guarded, histories, processors)
-
-
-@dataclass(slots=True)
-class JobStats:
-    batches: int = 0
-    rows_merged: int = 0
-    restarts: int = 0
-    rebases: int = 0
 
 
 def spark_settings(config: PipelineConfig) -> dict[str, str]:
@@ -259,150 +161,6 @@ def start_query(
     else:
         writer = writer.trigger(processingTime=f"{config.trigger_interval_s} seconds")
     return writer.start()
-
-
-class BatchWriter:
-    """Each micro-batch's end: MERGE it into the mirrors, record the mirrors' cut, retire the
-    generation a rebase replaced once this one has committed a batch, and report.
-
-    ``lease`` raises when this job no longer holds the checkpoint; it is asked before the
-    mirrors are written and again before the cut is recorded."""
-
-    def __init__(
-        self,
-        config: PipelineConfig,
-        plan: Plan,
-        stats: JobStats,
-        log: Logger,
-        metrics: PipelineMetrics,
-        generation: Generation,
-        lease: Callable[[], None] = lambda: None,
-    ) -> None:
-        self._config = config
-        self._lease = lease
-        self._plan = plan
-        self._stats = stats
-        self._log = log
-        self._metrics = metrics
-        self._generation = generation
-        self._app_id: str | None = None
-        self._changelog_id = ""
-        self._retired = False
-        self._foreign = ForeignCommitCheck(DeltaCommits())
-
-    def __call__(self, batch: Any, batch_id: int) -> None:
-        config = self._config
-        started = time.monotonic()
-        if self._app_id is None:
-            self._app_id = f"{config.job_id}:{checkpoint_id(config.checkpoint_uri)}"
-        self._lease()
-        offset = cut.batch_end_offset(config.checkpoint_uri, batch_id)
-        applied = self._applied(batch_id, offset)
-        metadata = batch_log.commit_metadata(applied.watermark_text, batch_id)
-        if self._plan.processors:
-            batch = batch.persist()
-            mirrored = batch.where(F.col(OUTPUT_COLUMN).isNull()).select(*self._mirror_columns)
-        else:
-            mirrored = batch
-        with self._metrics.batch_running():
-            result = write_batch(
-                mirrored,
-                batch_id,
-                self._plan.shapes,
-                config.mirror_root,
-                self._app_id,
-                self._log,
-                config.local_merge_max_rows,
-                config.local_merge_max_mb * 1024 * 1024,
-                self._plan.histories,
-                metadata,
-                self._foreign,
-            )
-            self._append_outputs(batch, batch_id, metadata)
-        if self._plan.processors:
-            batch.unpersist()
-        self._lease()
-        if offset is not None:
-            cut.record(config.mirror_root, self._cut(offset, batch_id))
-        batch_log.record(
-            config.mirror_root,
-            replace(
-                applied,
-                mirror_versions=result.mirror_versions,
-                history_versions=result.history_versions,
-            ),
-            self._app_id,
-            self._log,
-        )
-        if batch_id >= 1 and not self._retired:
-            retire_replaced(self._generation, self._log)
-            self._retired = True
-        self._stats.batches += 1
-        self._stats.rows_merged += sum(result.rows.values())
-        self._metrics.batch_landed(result.rows, result.newest_commit)
-        self._log.info(
-            "pipeline_batch",
-            batch_id=batch_id,
-            rows=result.rows,
-            newest_commit=result.newest_commit,
-            merged_on="driver" if result.merged_on_driver else "spark" if result.rows else "-",
-            bytes=result.bytes,
-            seconds=round(time.monotonic() - started, 3),
-        )
-
-    def _cut(self, offset: dict[str, object], batch_id: int) -> cut.Cut:
-        """Where the mirrors stand after this batch, naming the change log they belong to."""
-        if not self._changelog_id:
-            self._changelog_id = cut.changelog_id(self._config.changelog_uri)
-        return cut.Cut(
-            cut.next_version(offset), self._generation.number, batch_id, self._changelog_id
-        )
-
-    @property
-    def _mirror_columns(self) -> list[str]:
-        return output_schema(self._plan.shapes, self._plan.kept).fieldNames()
-
-    def _append_outputs(self, batch: Any, batch_id: int, metadata: dict[str, str]) -> None:
-        """Each processor's rows of the batch, appended once to its table."""
-        assert self._app_id is not None
-        for processor in self._plan.processors:
-            name = processor.name
-            rows = batch.where(F.col(OUTPUT_COLUMN) == name).select(f"{output_column(name)}.*")
-            _, appended = append_batch(
-                rows,
-                output_uri(self._config.processor_root, name),
-                self._app_id,
-                batch_id,
-                self._config.local_merge_max_rows,
-                self._log,
-                metadata,
-            )
-            self._metrics.processor_rows.labels(name).inc(appended)
-
-    def _applied(self, batch_id: int, offset: dict[str, object] | None) -> batch_log.AppliedBatch:
-        """Where the batch leaves the mirrors: the last change-log version it applies whole,
-        that version's W, and whether the mirrors then equal Spanner at W."""
-        whole = -1 if offset is None else cut.next_version(offset) - 1
-        ends_a_version = offset is not None and int(str(offset["index"])) in (
-            cut.END_INDEX,
-            cut.BASE_INDEX,
-        )
-        checkpoint = checkpoint_at(self._config.changelog_uri, whole) if whole >= 0 else None
-        start = None
-        if checkpoint is not None:
-            begins = checkpoint.snapshot.read_timestamp if checkpoint.snapshot else None
-            begins = begins if begins is not None else checkpoint.job_start
-            start = None if begins is None else to_rfc3339(begins)
-        return batch_log.AppliedBatch(
-            batch_id=batch_id,
-            generation=self._generation.number,
-            changelog_version=whole,
-            watermark_text=(
-                None if checkpoint is None else to_rfc3339(checkpoint.resume_point.low_watermark)
-            ),
-            consistent=ends_a_version and checkpoint is not None and checkpoint.consistent,
-            changelog_start_text=start,
-        )
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pyspark.sql import types as T
 
-from pipeline import job
+from pipeline.batch_writer import JobStats
 from pipeline.config import PipelineConfig
 from pipeline.job import run_pipeline, spark_settings
 from pipeline.mirror import mirror_uri
@@ -40,7 +40,7 @@ def configure(tmp_path: Path, **overrides: object) -> PipelineConfig:
     return PipelineConfig(**settings)  # type: ignore[arg-type]
 
 
-def run(spark, config: PipelineConfig) -> job.JobStats:
+def run(spark, config: PipelineConfig) -> JobStats:
     return run_pipeline(config, null_logger(), threading.Event(), lambda: spark)
 
 

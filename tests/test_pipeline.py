@@ -22,9 +22,10 @@ from structlog.testing import CapturingLogger
 from ingest.delta import changelog as changelog_rows
 from ingest.model.records import ColumnType
 from ingest.model.timestamps import parse_rfc3339
+from pipeline import batch_writer, deployment, job
 from pipeline import catalog as pipeline_catalog
-from pipeline import job
 from pipeline.catalog import discover_shapes, scan
+from pipeline.config import PipelineConfig
 from pipeline.job import PipelineFailed, run_pipeline
 from pipeline.landing import write_batch
 from pipeline.merges import commit_once
@@ -101,7 +102,7 @@ def test_metrics_follow_what_spark_reports_and_the_mirrors_received(spark, tmp_p
     metrics = PipelineMetrics()
     value = metrics.registry.get_sample_value
     stop, ended = threading.Event(), threading.Event()
-    result: dict[str, job.JobStats] = {}
+    result: dict[str, batch_writer.JobStats] = {}
 
     def follow() -> None:
         try:
@@ -332,7 +333,7 @@ def test_a_drain_turns_a_continuous_run_into_one_that_ends(spark, tmp_path: Path
     seed(ChangeLog(config.changelog_uri))
     drain, stop = threading.Event(), threading.Event()
     drain.set()
-    finished: list[job.JobStats] = []
+    finished: list[batch_writer.JobStats] = []
     runner = threading.Thread(
         target=lambda: finished.append(
             run_pipeline(config, null_logger(), stop, lambda: spark, drain)
@@ -385,7 +386,7 @@ def add_email_column(changelog: ChangeLog) -> None:
 def fail_first_merge(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The first batch after the evolution fails in the sink, as a crash or conflict would."""
     failures: list[int] = []
-    real = job.write_batch
+    real = batch_writer.write_batch
 
     def flaky(changes, batch_id, *args, **kwargs):
         if not failures:
@@ -393,7 +394,7 @@ def fail_first_merge(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             raise RuntimeError("injected failure of the first batch after the evolution")
         return real(changes, batch_id, *args, **kwargs)
 
-    monkeypatch.setattr(job, "write_batch", flaky)
+    monkeypatch.setattr(batch_writer, "write_batch", flaky)
     return failures
 
 
@@ -665,14 +666,14 @@ def test_a_schema_row_showing_a_drop_restarts_a_running_job_and_nulls_the_column
     changelog = ChangeLog(config.changelog_uri, value_capture_type="NEW_VALUES")
     seed(changelog)
     run(spark, config)
-    planned_before = job.discover_shapes(config.changelog_uri)
+    planned_before = discover_shapes(config.changelog_uri)
     without_owner = (ACCOUNTS[0], ACCOUNTS[2])
     changelog.columns["accounts"] = without_owner
     changelog.commit(("accounts", "UPDATE", {"account_id": "3"}, {"balance": "8"}))
     changelog.land(watched={"accounts": without_owner})
     plans = iter([planned_before])
     real = pipeline_catalog.discover_shapes
-    monkeypatch.setattr(job, "discover_shapes", lambda uri: next(plans, None) or real(uri))
+    monkeypatch.setattr(deployment, "discover_shapes", lambda uri: next(plans, None) or real(uri))
     stats = run(spark, config)
     assert stats.restarts == 1
     assert mirror_rows(spark, config) == {
@@ -708,7 +709,7 @@ def test_a_row_that_cannot_be_applied_stops_the_job_with_one_line_and_no_value(
 class RestartingQuery:
     """A query that fails with a restart marker after landing ``batches`` batches."""
 
-    def __init__(self, stats: job.JobStats, batches: int) -> None:
+    def __init__(self, stats: batch_writer.JobStats, batches: int) -> None:
         stats.batches += batches
 
     def awaitTermination(self, timeout: float) -> bool:
@@ -777,7 +778,7 @@ def test_max_restarts_counts_restarts_without_a_batch_between_them(
         assert next(starts, "exhausted") == [*batches_between, "exhausted"][gives_up_after]
 
 
-def layout_2_checkpoint(tmp_path: Path, fixture: Path = LAYOUT_2) -> job.PipelineConfig:
+def layout_2_checkpoint(tmp_path: Path, fixture: Path = LAYOUT_2) -> PipelineConfig:
     """A copy of an older version's change log, checkpoint and mirrors
     (tests/fixtures/make_layout*_checkpoint.py). Spark's state metadata names its schema files by
     absolute path: the copy's are rewritten, and their checksums dropped."""
