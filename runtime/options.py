@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -71,14 +72,38 @@ def non_empty(value: Any) -> str:
     return str(value)
 
 
-def load_options(
-    cls: type[Any],
-    parsers: Mapping[str, Callable[[Any], Any]],
-    environment: Mapping[str, str],
-    environ: Mapping[str, str],
-    path: str | None,
-) -> Any:
+OPTION = "option"
+"""The metadata key of a configuration field declared with ``option``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    parse: Callable[[Any], Any]
+    variable: str | None
+    """Its environment variable; None: the class's prefix and the option's name in capitals."""
+
+
+def option(default: Any, parse: Callable[[Any], Any], variable: str | None = None) -> Any:
+    """A configuration field declared once: its default, the rule that parses a value given in
+    a file or the environment, and (when not the usual one) its environment variable."""
+    return field(default=default, metadata={OPTION: Option(parse, variable)})
+
+
+def environment_of(cls: type[Any], prefix: str) -> dict[str, str]:
+    """Each option of ``cls`` and its environment variable."""
+    return {f.name: f.metadata[OPTION].variable or f"{prefix}{f.name.upper()}" for f in fields(cls)}
+
+
+def reference(cls: type[Any], prefix: str) -> list[tuple[str, str, object]]:
+    """(option, environment variable, default) for every option: the documentation's source."""
+    environment = environment_of(cls, prefix)
+    return [(f.name, environment[f.name], f.default) for f in fields(cls)]
+
+
+def load_options(cls: type[Any], prefix: str, environ: Mapping[str, str], path: str | None) -> Any:
     """Defaults of ``cls``, then the TOML file at ``path``, then the environment; 1-line errors."""
+    parsers = {f.name: f.metadata[OPTION].parse for f in fields(cls)}
+    environment = environment_of(cls, prefix)
     values: dict[str, Any] = {}
     if path:
         try:

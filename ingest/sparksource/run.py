@@ -17,7 +17,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from ingest.sparksource.snapshot import SparkSnapshotSettings, snapshot_in_tasks
 from ingest.sparksource.source import NAME, WAVE, ChangeStreamDataSource, SourceOptions, wave_json
 from runtime.errors import BadInput, ReportedError
 from runtime.jvm import JIT_SETTINGS, JvmLog, loopback_when_unresolvable, own_session
-from runtime.options import in_range, integer, load_options, non_empty, seconds
+from runtime.options import in_range, integer, load_options, non_empty, option, reference, seconds
 from runtime.storage import STORE_ENVIRONMENT, spark_config, store_jars
 
 Logger = structlog.typing.FilteringBoundLogger
@@ -48,68 +48,40 @@ Logger = structlog.typing.FilteringBoundLogger
 class SparkSourceConfig:
     """What only the Spark source has; everything else is the service's ``JobConfig``."""
 
-    master: str = "local[2]"
-    checkpoint_uri: str = "./data/spark-source-checkpoint"
+    master: str = option("local[2]", non_empty)
+    checkpoint_uri: str = option("./data/spark-source-checkpoint", non_empty)
     """Spark's offset and commit logs of the query; one per job."""
-    trigger_s: float = 2.0
+    trigger_s: float = option(2.0, seconds(0.1, 3_600))
     """A batch starts at most this often (a batch that takes longer starts the next at once)."""
-    max_batch_span_s: float = 60.0
-    max_partitions_per_batch: int = 0
-    max_records_per_batch: int = 0
-    partitions_per_task: int = 8
-    max_waves_per_batch: int = 4
+    max_batch_span_s: float = option(60.0, seconds(1, 1_800))
+    max_partitions_per_batch: int = option(0, integer(0, 1_000_000))
+    max_records_per_batch: int = option(0, in_range(int, "records", 0, 1_000_000_000))
+    partitions_per_task: int = option(8, integer(1, 100_000))
+    max_waves_per_batch: int = option(4, integer(1, 100))
     """Waves of one batch: the first reads the planned partitions, each further one those that
     became ready within the batch (merges' children, announced partitions)."""
-    snapshot_tasks: int = 0
+    snapshot_tasks: int = option(0, integer(0, 100_000))
     """Key ranges the snapshot reads at once, a task each (0: Spark's default parallelism)."""
-    snapshot_parts: int = 64
+    snapshot_parts: int = option(64, integer(1, 100_000))
     """Key ranges a table is cut into at most when its snapshot starts (one per 100,000 rows,
     and one per task at least while each keeps 10,000 rows)."""
-    snapshot_task_mb: int = 256
+    snapshot_task_mb: int = option(256, integer(1, 1_048_576))
     """Rows a snapshot task writes before the driver commits its range's progress: what a
     driver's death costs a range at most."""
 
 
-SPARK_ENVIRONMENT = {
-    "master": "INGEST_SPARK_MASTER",
-    "checkpoint_uri": "INGEST_SPARK_CHECKPOINT_URI",
-    "trigger_s": "INGEST_SPARK_TRIGGER_S",
-    "max_batch_span_s": "INGEST_SPARK_MAX_BATCH_SPAN_S",
-    "max_partitions_per_batch": "INGEST_SPARK_MAX_PARTITIONS_PER_BATCH",
-    "max_records_per_batch": "INGEST_SPARK_MAX_RECORDS_PER_BATCH",
-    "partitions_per_task": "INGEST_SPARK_PARTITIONS_PER_TASK",
-    "max_waves_per_batch": "INGEST_SPARK_MAX_WAVES_PER_BATCH",
-    "snapshot_tasks": "INGEST_SPARK_SNAPSHOT_TASKS",
-    "snapshot_parts": "INGEST_SPARK_SNAPSHOT_PARTS",
-    "snapshot_task_mb": "INGEST_SPARK_SNAPSHOT_TASK_MB",
-}
-SPARK_PARSERS = {
-    "master": non_empty,
-    "checkpoint_uri": non_empty,
-    "trigger_s": seconds(0.1, 3_600),
-    "max_batch_span_s": seconds(1, 1_800),
-    "max_partitions_per_batch": integer(0, 1_000_000),
-    "max_records_per_batch": in_range(int, "records", 0, 1_000_000_000),
-    "partitions_per_task": integer(1, 100_000),
-    "max_waves_per_batch": integer(1, 100),
-    "snapshot_tasks": integer(0, 100_000),
-    "snapshot_parts": integer(1, 100_000),
-    "snapshot_task_mb": integer(1, 1_048_576),
-}
+SPARK_PREFIX = "INGEST_SPARK_"
+"""Each Spark source option's environment variable: INGEST_SPARK_ and its name in capitals."""
 
 
 def spark_reference() -> list[tuple[str, str, object]]:
     """(option, environment variable, default) of the Spark source's own options."""
-    return [(f.name, SPARK_ENVIRONMENT[f.name], f.default) for f in fields(SparkSourceConfig)]
+    return reference(SparkSourceConfig, SPARK_PREFIX)
 
 
 def load_spark_config(environ: dict[str, str] | None = None) -> SparkSourceConfig:
     config: SparkSourceConfig = load_options(
-        SparkSourceConfig,
-        SPARK_PARSERS,
-        SPARK_ENVIRONMENT,
-        dict(os.environ) if environ is None else environ,
-        None,
+        SparkSourceConfig, SPARK_PREFIX, dict(os.environ) if environ is None else environ, None
     )
     return config
 
