@@ -76,9 +76,14 @@ def no_emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-TOKEN_ALIVE_SECONDS = 1
-"""Partition tokens live 1 to 2 s on the emulator. At 2 (2 to 4 s) a loaded 2-core machine
-churned too slowly for 5 split/merge cycles in a 55 s run; faster churn is the harder test."""
+TOKEN_ALIVE_SECONDS = 5
+"""Partition tokens live 5 to 10 s on the worker's emulator, as in ``make run``: every end-to-end
+test still meets splits, moves and merges. At 1 s the emulator's live queries omit a committed
+transaction about once in 2,000 (emulator/NOTES.md), which failed one end-to-end test in two runs
+of the suite; the tests of churn itself run on ``fast_churn_database``."""
+FAST_CHURN_TOKEN_ALIVE_SECONDS = 1
+"""Tokens living 1 to 2 s: at 2 (2 to 4 s) a loaded 2-core machine churned too slowly for 5
+split/merge cycles in a 55 s run; faster churn is the harder test."""
 
 
 @pytest.fixture(scope="session")
@@ -130,6 +135,29 @@ def pytest_runtest_makereport(
         restarted = [r.host_port for r in _STARTED]
         report.sections.append(("emulator", f"restarted the emulator at {restarted}"))
     return report
+
+
+@pytest.fixture(scope="module")
+def fast_churn_emulator(spanner_emulator: str) -> Iterator[str]:
+    """An emulator of the module's own whose partitions churn every 1 to 2 s."""
+    with emulator(token_alive_seconds=FAST_CHURN_TOKEN_ALIVE_SECONDS) as running:
+        yield running.host_port
+
+
+@pytest.fixture
+def fast_churn_database(
+    fast_churn_emulator: str, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Database]:
+    """``new_database`` on the fast-churn emulator: for the test's length every client and
+    process it starts talks to that emulator."""
+    monkeypatch.setenv("SPANNER_EMULATOR_HOST", fast_churn_emulator)
+    client = spanner.Client(project="local-project")
+
+    def create(dialect: str = "googlesql", accounts: int = 100) -> Database:
+        database_id = f"fc{next(_database_numbers)}_{dialect[:2]}_{os.getpid() % 10000}"
+        return bootstrap(client, database_id=database_id, dialect=dialect, accounts=accounts)
+
+    return create
 
 
 @pytest.fixture(scope="session")

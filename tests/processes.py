@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,11 +119,16 @@ def wait_until_committed(
 
 
 def wait_until_landed(
-    table: Path | str, transactions: int, timeout: float, service: Any = None
+    table: Path | str,
+    transactions: int,
+    timeout: float,
+    service: Any = None,
+    committed: Sequence[CommittedTransaction] = (),
 ) -> None:
     """Wait while transactions land; fail when none has landed for ``timeout`` seconds (with
-    the figures, and with ``service``, which of the emulator and the product stopped:
-    ``tests.stalls``). A slow, loaded machine that keeps landing is waited on."""
+    the figures, and with ``service``, which of the emulator and the product stopped, or with
+    ``committed`` too, the transactions missing behind the change log's W: ``tests.stalls``).
+    A slow, loaded machine that keeps landing is waited on."""
     landed, moved = landed_transactions(str(table)), time.monotonic()
     while landed < transactions:
         if time.monotonic() - moved > timeout:
@@ -132,7 +137,7 @@ def wait_until_landed(
                 raise AssertionError(figures)
             from tests.stalls import triage
 
-            raise triage(service, figures)
+            raise triage(service, figures, str(table), committed)
         time.sleep(0.5)
         now = landed_transactions(str(table))
         if now > landed:

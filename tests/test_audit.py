@@ -65,7 +65,7 @@ def test_audit_agrees_with_the_service_and_names_what_a_damaged_copy_lost(
     try:
         thread, _, committed = background_workload(database, seconds=6, rate=10, seed=3)
         thread.join()
-        wait_until_landed(table, len(committed), timeout=120, service=service)
+        wait_until_landed(table, len(committed), timeout=120, service=service, committed=committed)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)

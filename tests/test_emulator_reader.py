@@ -1,5 +1,6 @@
-"""Acceptance on the real emulator, partition tokens living 1 to 2 s: the `tail` command prints
-every committed transaction exactly once, whole, in commit order, with exact values."""
+"""Acceptance on the real emulator, partition tokens living 1 to 2 s for the live tails
+(``fast_churn_database``): the `tail` command prints every committed transaction exactly once,
+whole, in commit order, with exact values."""
 
 from __future__ import annotations
 
@@ -115,12 +116,12 @@ def classified_omissions(
 
 @pytest.mark.emulator
 def test_googlesql_live_tail_under_partition_churn(
-    new_database, tmp_path: Path, record_property
+    fast_churn_database, tmp_path: Path, record_property
 ) -> None:
     """Only a run that missed nothing but emulator omissions is run again (emulator/NOTES.md:
     about one run in ten)."""
     for attempt in range(2):
-        database = new_database("googlesql")
+        database = fast_churn_database("googlesql")
         printed, events, committed, seconds = tail_while_committing(
             database, tmp_path / str(attempt), transactions=2200, rate=60, seed=7 + attempt
         )
@@ -145,14 +146,14 @@ def assert_queries_were_bounded(events: list[dict]) -> None:
 
 @pytest.mark.emulator
 def test_postgresql_live_tail_with_2_s_windows_and_one_turn(
-    new_database, tmp_path: Path, record_property
+    fast_churn_database, tmp_path: Path, record_property
 ) -> None:
     """Partitions living past a 2 s window (the shortest that holds two of Spanner's shortest
     heartbeats, 1 s) are queried again from their resume timestamp, and
     while two partitions live they take turns at the one query allowed, each reading up to
     what has settled (an end timestamp a second ago) and handing the turn back."""
     for attempt in range(2):
-        database = new_database("postgresql")
+        database = fast_churn_database("postgresql")
         printed, events, committed, _ = tail_while_committing(
             database,
             tmp_path / str(attempt),

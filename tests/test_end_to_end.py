@@ -174,7 +174,9 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
         add_column(database, "ALTER TABLE all_types ALTER COLUMN col_string BYTES(MAX)")
         statuses_as_bytes(database)
         own = 4  # the seed, the two naming transactions, the statuses as bytes
-        wait_until_landed(changelog, len(committed) + own, timeout=120, service=ingest)
+        wait_until_landed(
+            changelog, len(committed) + own, timeout=120, service=ingest, committed=committed
+        )
         # SIGTERM to each process group, as tini -g and job control send it: a clean stop
         os.killpg(ingest_process.pid, signal.SIGTERM)
         assert ingest_process.wait(timeout=20) == 0

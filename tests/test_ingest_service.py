@@ -52,7 +52,7 @@ def test_kill_9_at_random_moments_keeps_every_invariant(new_database, tmp_path: 
     final = service.start()
     try:
         service.wait_for("ingest_started", started + 1)
-        wait_until_landed(table, len(committed), timeout=120, service=service)
+        wait_until_landed(table, len(committed), timeout=120, service=service, committed=committed)
         final.send_signal(signal.SIGTERM)
         assert final.wait(timeout=20) == 0
     finally:
@@ -178,7 +178,7 @@ def test_sigterm_under_load_exits_cleanly_and_restart_loses_nothing(
     try:
         service.wait_for("ingest_started", 2)
         thread.join()
-        wait_until_landed(table, len(committed), timeout=60, service=service)
+        wait_until_landed(table, len(committed), timeout=60, service=service, committed=committed)
         restarted.send_signal(signal.SIGTERM)
         assert restarted.wait(timeout=10) == 0
     finally:
@@ -340,7 +340,9 @@ def test_connections_cut_at_random_lose_and_duplicate_nothing(
         process = service.start()
         try:
             thread.join()
-            wait_until_landed(table, len(committed), timeout=120, service=service)
+            wait_until_landed(
+                table, len(committed), timeout=120, service=service, committed=committed
+            )
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=20) == 0
         finally:

@@ -82,7 +82,9 @@ def test_mirrors_equal_spanner_on_a_standalone_cluster_that_loses_a_worker(
         assert "Lost executor" in pipeline.log.read_text(errors="replace"), f"seed {seed}"
         stop_workload.set()
         workload.join()
-        wait_until_landed(changelog, len(committed) + 1, timeout=120, service=ingest)  # + the seed
+        wait_until_landed(
+            changelog, len(committed) + 1, timeout=120, service=ingest, committed=committed
+        )  # + the seed
         deadline = time.monotonic() + 300
         while not cluster.executor_pids(replacement):
             assert time.monotonic() < deadline, "the job never got an executor on the new worker"

@@ -306,7 +306,9 @@ def _hand_over(database: Any, table: str, checkpoint: str, tmp_path: Path) -> No
                 process = second_driver_takes_over(drivers, process)
             if (writer, event) == turns[-1]:
                 thread.join()
-                wait_until_landed(table, len(committed), timeout=180, service=service)
+                wait_until_landed(
+                    table, len(committed), timeout=180, service=service, committed=committed
+                )
             os.killpg(process.pid, signal.SIGTERM)  # the group, as tini -g sends it
             assert process.wait(timeout=90) == 0
         finally:
