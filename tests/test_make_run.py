@@ -68,6 +68,14 @@ def test_make_run_ends_with_pass(spanner_emulator: str, tmp_path: Path) -> None:
     assert (share is None) == (whole is None)
     assert share is None or 0 < share <= whole
     assert "WARN" not in result.stdout and "log4j" not in output, "Spark logs belong in files"
+    # the job's first commit names every captured table, so the query starts with all three and
+    # the snapshot's tables landing one after another restart nothing (no column changes here)
+    lines = (folder / "pipeline.log").read_text().splitlines()
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    started = [e["tables"] for e in events if e["event"] == "pipeline_query_started"]
+    assert started[0] == ["accounts", "all_types", "transfers"], started
+    restarts = [e for e in events if e["event"] == "pipeline_query_restarting"]
+    assert not [e for e in restarts if e["reason"] == "SOURCE_SCHEMA_CHANGED"], restarts
     for log in ("ingest.log", "pipeline.log"):
         assert (folder / log).stat().st_size > 0
     assert (folder / "mirrors" / "accounts" / "_delta_log").is_dir()

@@ -166,14 +166,20 @@ class DeltaChangeLogSink:
         chunks land at its read timestamp."""
         self._table_snapshot = progress
 
-    def start_job(self, start: Nanos, snapshot: SnapshotProgress | None = None) -> CommitResult:
-        """Make a new job's start durable before anything is read: version 1 holds no rows and
-        a checkpoint to resume from ``start``, so a crash before the first data commit cannot
+    def start_job(
+        self,
+        start: Nanos,
+        snapshot: SnapshotProgress | None = None,
+        watched: Mapping[str, tuple[ColumnType, ...]] | None = None,
+    ) -> CommitResult:
+        """Make a new job's start durable before anything is read: version 1 holds no change
+        and a checkpoint to resume from ``start``, so a crash before the first data commit cannot
         move the start forward and skip what was committed in between. A job that snapshots
-        records the snapshot's T0 and tables here too."""
+        records the snapshot's T0 and tables here too, and a schema row of each table's
+        ``watched`` columns: the pipeline knows every table before its first row lands."""
         self._job_start = start
         self._snapshot = snapshot
-        return self.commit([], start_point(start))
+        return self.commit([], start_point(start), watched)
 
     def commit_snapshot(
         self, chunks: Sequence[SnapshotChunk], progress: SnapshotProgress

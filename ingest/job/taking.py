@@ -83,18 +83,19 @@ def start_job(
     resume = start_point(start)
     snapshot = None
     rows = None
+    watched = None
     if SnapshotMode(config.snapshot_mode) is not SnapshotMode.NEVER:
         read_at = resume.low_watermark
         retention = retention_of(opened)
         check_reachable(read_at, now, retention.version_retention)
-        tables = read_watched_columns(opened.database, config.stream, opened.dialect, read_at)
-        snapshot = SnapshotProgress.begin(read_at, list(tables))
+        watched = read_watched_columns(opened.database, config.stream, opened.dialect, read_at)
+        snapshot = SnapshotProgress.begin(read_at, list(watched))
         rows = table_rows(opened, config, snapshot)
         if rows is not None:
             expected = sum(rows.values())
             end = check_fits_retention(read_at, expected, config.snapshot_rows_per_s, retention)
             log.info("snapshot_estimated", rows=expected, expected_end=to_rfc3339(end))
-    sink.start_job(start, snapshot)
+    sink.start_job(start, snapshot, watched)
     log.info(
         "job_started",
         job_start=to_rfc3339(start),
