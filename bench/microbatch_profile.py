@@ -16,6 +16,7 @@ Timers wrap ``pipeline.batch_writer.write_batch`` and the two mirror MERGE funct
 ``pipeline.landing`` calls them; nothing else changes.
 
 Usage: python bench/microbatch_profile.py [--versions 11] [--keys 10000] [--merge driver]
+       [--shuffle-partitions 2]
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--rows-per-version", type=int, default=1_090)
     parser.add_argument("--merge", choices=("driver", "spark"), default="driver")
+    parser.add_argument("--shuffle-partitions", type=int, default=2)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="microbatch-profile-"))
     rows = args.versions * args.rows_per_version
@@ -100,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         changelog,
         work,
         local_merge_max_rows=defaults.local_merge_max_rows if args.merge == "driver" else 0,
+        shuffle_partitions=args.shuffle_partitions,
     )
     timers = Timers()
     timers.wrap(pipeline.batch_writer, "write_batch", timers.write_batch)
@@ -109,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     marks = {"process start → profile start (imports, change log landed)": since_process_start()}
     began = time.monotonic()
     spark = build_session(
-        "microbatch-profile", master="local[2]", shuffle_partitions=2, extra=spark_settings(config)
+        "microbatch-profile",
+        master="local[2]",
+        shuffle_partitions=config.shuffle_partitions,
+        extra=spark_settings(config),
     )
     spark.sparkContext.setLogLevel("ERROR")
     marks["Spark session"] = time.monotonic() - began
@@ -132,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     marks["first batch done, from start_query"] = timers.ended_at[0] - query_started
 
     print(
-        f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores, local[2], 2 shuffle "
-        f"partitions; {args.versions} versions of {args.rows_per_version} change rows "
+        f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores, local[2], "
+        f"{config.shuffle_partitions} shuffle partitions; {args.versions} versions of "
+        f"{args.rows_per_version} change rows "
         f"({MODS_PER_TRANSACTION} mods per transaction), {args.keys} keys, MERGE {args.merge}"
     )
     for name, seconds in marks.items():
