@@ -65,7 +65,7 @@ JIT_SETTINGS = {
 }
 """Spark's JVMs compile with C1 only. A job's JVM mostly runs cold paths (planning, Delta's log,
 the state store's commit, Arrow to the Python workers), and C2 spent its CPU compiling them
-again: a pipeline's start to its first batch took 45 % less CPU and 4 s less, and its 100,000-row
+again: a pipeline's start to its first batch took 45 % less CPU and 4 s less, and its 20,000-row
 batches ran 15 % faster (bench/RESULTS.md, "The JVM's compiler"). Administrators' defaults, so a
 user's ``spark.*.extraJavaOptions`` come after them and win (``-XX:TieredStopAtLevel=4``)."""
 
