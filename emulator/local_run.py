@@ -159,7 +159,6 @@ def pipeline_process(folder: Path, changelog: Path | str, root: str | None = Non
             "PIPELINE_MIRROR_ROOT": f"{root}/mirrors",
             "PIPELINE_CHECKPOINT_URI": f"{root}/pipeline-checkpoint",
             "PIPELINE_MASTER": "local[2]",
-            "PIPELINE_SHUFFLE_PARTITIONS": "2",
             "PIPELINE_METRICS_PORT": "0",
         },
     )

@@ -133,7 +133,7 @@ def session_factory(config: config_module.PipelineConfig, log: Any) -> Callable[
     return lambda: build_session(
         f"spanner-mirrors-{config.job_id}",
         master=config.master or None,
-        shuffle_partitions=config.shuffle_partitions,
+        shuffle_partitions=config.effective_shuffle_partitions,
         extra=spark_settings(config),
         storage_uris=(config.changelog_uri, config.mirror_root, config.checkpoint_uri),
         jvm_output=JvmLog(log),

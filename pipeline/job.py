@@ -88,7 +88,7 @@ def spark_settings(config: PipelineConfig) -> dict[str, str]:
         "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
         "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
-        "spark.databricks.delta.snapshotPartitions": str(config.shuffle_partitions),
+        "spark.databricks.delta.snapshotPartitions": str(config.effective_shuffle_partitions),
         "spark.sql.streaming.stateStore.valueStateSchemaEvolutionThreshold": str(
             config.max_evolutions_per_variable
         ),
