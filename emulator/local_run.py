@@ -32,7 +32,7 @@ from typing import Any
 from google.cloud import spanner
 
 from emulator.bootstrap import bootstrap, seed_accounts
-from emulator.omissions import reread_commits
+from emulator.omissions import returned_by_reread
 from emulator.processes import Process
 from emulator.run_report import (
     MirrorCheck,
@@ -50,7 +50,6 @@ from emulator.verify import (
 )
 from emulator.workload import CommittedTransaction, Workload, WorkloadConfig, load_existing_rows
 from ingest.changestream.query import Dialect
-from ingest.model.timestamps import parse_rfc3339
 
 ACCOUNTS = 100
 PROGRESS_EVERY_S = 5.0
@@ -252,9 +251,7 @@ def _reread_missing(database: Any, missing: tuple[str, ...], folder: Path) -> No
     """Whether a fresh bounded re-read of the stream returns each transaction the change log
     lacks: if it does not, the emulator's stream does not hold it and the service could not
     land it; if it does, the service missed what the stream holds (summary.json says which)."""
-    first, last = parse_rfc3339(missing[0]), parse_rfc3339(missing[-1])
-    reread = reread_commits(database, "all_changes", Dialect.GOOGLE_STANDARD_SQL, first, last)
-    returned = [text for text in missing if text in reread]
+    returned = returned_by_reread(database, "all_changes", Dialect.GOOGLE_STANDARD_SQL, missing)
     for text in missing:
         where = "returned" if text in returned else "not returned either"
         say(f"  re-read of the stream at {text}: {where}")

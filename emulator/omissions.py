@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,16 @@ def reread_commits(
     source = ChangeStreamQuery(database, stream, dialect, 1000)
     digests = stream_digests(source, config, make_logger(io.StringIO()), threading.Event())
     return {timestamp for timestamp, _ in digests.by_transaction}
+
+
+def returned_by_reread(
+    database: Database, stream: str, dialect: Dialect, missing: Sequence[str]
+) -> list[str]:
+    """Which of ``missing`` (commit timestamps as RFC 3339, in order) a fresh bounded read of
+    the stream over them returns: one the re-read lacks is not in the emulator's stream."""
+    first, last = parse_rfc3339(missing[0]), parse_rfc3339(missing[-1])
+    reread = reread_commits(database, stream, dialect, first, last)
+    return [text for text in missing if text in reread]
 
 
 def classify(

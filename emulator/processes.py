@@ -56,10 +56,7 @@ class Process:
     def events(self) -> list[dict[str, Any]]:
         """The complete lines logged so far: a line the process is still writing (no newline
         yet) is left for the next read."""
-        if not self.log.exists():
-            return []
-        lines = self.log.read_text(errors="replace").split("\n")[:-1]
-        return [json.loads(line) for line in lines if line.startswith('{"')]
+        return log_events(self.log)
 
     def count(self, event: str) -> int:
         return sum(e["event"] == event for e in self.events())
@@ -119,3 +116,12 @@ def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     used = fields[11:15] if reaped_children else fields[11:13]
     return sum(int(value) for value in used) / os.sysconf("SC_CLK_TCK")
+
+
+def log_events(log: Path) -> list[dict[str, Any]]:
+    """The complete JSON lines of a process's log so far (a line still being written, with no
+    newline yet, is left for the next read; lines that are not events are passed over)."""
+    if not log.exists():
+        return []
+    lines = log.read_text(errors="replace").split("\n")[:-1]
+    return [json.loads(line) for line in lines if line.startswith('{"')]

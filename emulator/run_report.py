@@ -247,13 +247,16 @@ def summarize(
 def missing_commits(
     committed: list[CommittedTransaction], after: int, changelog: str
 ) -> tuple[str, ...]:
-    """The commits after ``after`` the change log does not hold, as RFC 3339 texts."""
+    """The commits after ``after`` the change log does not hold, as RFC 3339 texts: its
+    transactions' commit timestamps only (a schema or snapshot row at the same time, which has
+    no transaction id, does not stand for one)."""
     from deltalake import DeltaTable
 
     from pipeline.catalog import scan
 
-    texts = scan(DeltaTable(changelog), ["commit_timestamp_text"]).column(0).to_pylist()
-    held = set(texts)
+    rows = scan(DeltaTable(changelog), ["server_transaction_id", "commit_timestamp_text"])
+    ids, texts = rows.column(0).to_pylist(), rows.column(1).to_pylist()
+    held = {text for transaction, text in zip(ids, texts, strict=True) if transaction}
     wanted = sorted(to_rfc3339(t.commit_timestamp) for t in committed if t.commit_timestamp > after)
     return tuple(text for text in wanted if text not in held)
 

@@ -109,20 +109,6 @@ def landed_transactions(changelog_uri: str) -> int:
     return len(set(ids.column(0).to_pylist()) - {""})
 
 
-def landed_commit_timestamps(changelog_uri: str) -> set[str]:
-    """Commit timestamps (RFC 3339) of the change log's transactions (schema and snapshot rows
-    have no transaction id)."""
-    try:
-        rows = scan(DeltaTable(changelog_uri), ["server_transaction_id", "commit_timestamp_text"])
-    except TableNotFoundError:
-        return set()
-    return {
-        text
-        for tx, text in zip(rows.column(0).to_pylist(), rows.column(1).to_pylist(), strict=True)
-        if tx
-    }
-
-
 def compare_mirrors(
     database: Database,
     mirror_root: str,

@@ -19,19 +19,12 @@ from pipeline.deployment import Plan
 from pipeline.foreign_commits import DeltaCommits, ForeignCommitCheck
 from pipeline.landing import write_batch
 from pipeline.metrics import PipelineMetrics
-from pipeline.processor import (
-    output_schema,
-)
+from pipeline.processor import output_schema
 from pipeline.rebase import retire_replaced
 from pipeline.state import cut
-from pipeline.state.checkpoint import (
-    checkpoint_id,
-)
+from pipeline.state.checkpoint import checkpoint_id
 from pipeline.state.generations import Generation
-from pipeline.user_processors.host import (
-    OUTPUT_COLUMN,
-    output_column,
-)
+from pipeline.user_processors.host import OUTPUT_COLUMN, output_column
 from pipeline.user_processors.outputs import append_batch, output_uri
 
 Logger = structlog.typing.FilteringBoundLogger

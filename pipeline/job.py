@@ -40,16 +40,11 @@ from pipeline.state.checkpoint import (
     CheckpointLockLost,
     roll_back_uncommitted_batch,
 )
-from pipeline.state.compatibility import (
-    StateSchemaError,
-)
+from pipeline.state.compatibility import StateSchemaError
 from pipeline.state.generations import Generation
 from pipeline.state.variables import legacy_variables
 from pipeline.user_processors.feed import routed
-from pipeline.user_processors.host import (
-    ChangeApplierWithProcessors,
-    job_output_schema,
-)
+from pipeline.user_processors.host import ChangeApplierWithProcessors, job_output_schema
 from pipeline.user_processors.outputs import ensure_output, output_uri
 from runtime.errors import ReportedError
 

@@ -66,8 +66,9 @@ JIT_SETTINGS = {
 """Spark's JVMs compile with C1 only. A job's JVM mostly runs cold paths (planning, Delta's log,
 the state store's commit, Arrow to the Python workers), and C2 spent its CPU compiling them
 again: a pipeline's start to its first batch took 45 % less CPU and 4 s less, and its 20,000-row
-batches ran 15 % faster (bench/RESULTS.md, "The JVM's compiler"). Administrators' defaults, so a
-user's ``spark.*.extraJavaOptions`` come after them and win (``-XX:TieredStopAtLevel=4``)."""
+batches ran 15 % faster, though 250,000-row ones ran 17 % slower (bench/RESULTS.md, "The JVM's
+compiler"). Administrators' defaults, so a user's ``spark.*.extraJavaOptions`` come after them
+and win (``-XX:TieredStopAtLevel=4``)."""
 
 
 def loopback_when_unresolvable(

@@ -151,13 +151,7 @@ def fast_churn_database(
     """``new_database`` on the fast-churn emulator: for the test's length every client and
     process it starts talks to that emulator."""
     monkeypatch.setenv("SPANNER_EMULATOR_HOST", fast_churn_emulator)
-    client = spanner.Client(project="local-project")
-
-    def create(dialect: str = "googlesql", accounts: int = 100) -> Database:
-        database_id = f"fc{next(_database_numbers)}_{dialect[:2]}_{os.getpid() % 10000}"
-        return bootstrap(client, database_id=database_id, dialect=dialect, accounts=accounts)
-
-    return create
+    return _database_maker(spanner.Client(project="local-project"))
 
 
 @pytest.fixture(scope="session")
@@ -171,11 +165,14 @@ _database_numbers = itertools.count()
 @pytest.fixture
 def new_database(spanner_client: spanner.Client) -> Callable[..., Database]:
     """Create a bootstrapped sample database with a name of its own (nothing is shared)."""
+    return _database_maker(spanner_client)
+
+
+def _database_maker(client: spanner.Client) -> Callable[..., Database]:
+    """Bootstrapped sample databases on ``client``'s emulator, each with a name of its own."""
 
     def create(dialect: str = "googlesql", accounts: int = 100) -> Database:
         database_id = f"db{next(_database_numbers)}_{dialect[:2]}_{os.getpid() % 10000}"
-        return bootstrap(
-            spanner_client, database_id=database_id, dialect=dialect, accounts=accounts
-        )
+        return bootstrap(client, database_id=database_id, dialect=dialect, accounts=accounts)
 
     return create

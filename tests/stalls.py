@@ -19,8 +19,9 @@ from typing import Any
 from google.cloud import spanner
 from google.cloud.spanner_v1 import param_types
 
-from emulator.omissions import reread_commits
-from emulator.verify import landed_commit_timestamps, latest_checkpoint
+from emulator.omissions import returned_by_reread
+from emulator.run_report import missing_commits
+from emulator.verify import latest_checkpoint
 from ingest.changestream.query import detect_dialect
 from ingest.model.timestamps import parse_rfc3339, to_datetime, to_rfc3339
 
@@ -109,18 +110,15 @@ def missing_behind_w(database: Any, stream: str, table: str, committed: Sequence
     emulator's stream lacks it. Both fail: only the reader's record log could tell the first
     two apart. Empty when nothing is missing behind W."""
     checkpoint = latest_checkpoint(table)
-    landed = {parse_rfc3339(text) for text in landed_commit_timestamps(table)}
-    missing = sorted({t.commit_timestamp for t in committed} - landed)
+    missing = missing_commits(list(committed), 0, table)
     if not missing or checkpoint is None:
         return ""
     w = checkpoint.resume_point.low_watermark
-    if w < missing[-1]:
+    if w < parse_rfc3339(missing[-1]):
         return ""
-    dialect = detect_dialect(database)
-    reread = reread_commits(database, stream, dialect, missing[0] - 1, missing[-1] + 1)
+    returned = returned_by_reread(database, stream, detect_dialect(database), missing)
     said = [
-        f"{to_rfc3339(t)} ({'returned' if to_rfc3339(t) in reread else 'not returned either'})"
-        for t in missing
+        f"{text} ({'returned' if text in returned else 'not returned either'})" for text in missing
     ]
     return (
         f"not a stall: the change log's W {to_rfc3339(w)} is past {len(missing)} committed "

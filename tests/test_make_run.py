@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from emulator.processes import log_events
 from emulator.run_report import freshness, mirror_latencies, pipeline_latencies
 from ingest.model.timestamps import parse_rfc3339
 
@@ -70,8 +71,7 @@ def test_make_run_ends_with_pass(spanner_emulator: str, tmp_path: Path) -> None:
     assert "WARN" not in result.stdout and "log4j" not in output, "Spark logs belong in files"
     # the job's first commit names every captured table, so the query starts with all three and
     # the snapshot's tables landing one after another restart nothing (no column changes here)
-    lines = (folder / "pipeline.log").read_text().splitlines()
-    events = [json.loads(line) for line in lines if line.startswith("{")]
+    events = log_events(folder / "pipeline.log")
     started = [e["tables"] for e in events if e["event"] == "pipeline_query_started"]
     assert started[0] == ["accounts", "all_types", "transfers"], started
     restarts = [e for e in events if e["event"] == "pipeline_query_restarting"]

@@ -46,7 +46,7 @@ Logger = structlog.typing.FilteringBoundLogger
 
 @dataclass(frozen=True, slots=True)
 class SparkSourceConfig:
-    """What only the Spark source has; everything else is the service's ``JobConfig``."""
+    """What only the Spark source has; everything else is the job's ``JobConfig``."""
 
     master: str = option("local[2]", non_empty)
     checkpoint_uri: str = option("./data/spark-source-checkpoint", non_empty)
