@@ -325,8 +325,9 @@ def load_existing_rows(
 ) -> int:
     """Rows a database already holds when a job starts (the initial snapshot's input): transfers
     between the first ``accounts`` accounts and all_types rows of every type, a few NULL.
-    Returns the rows written."""
-    rng = random.Random(seed)
+    Returns the rows written. Its random stream is not the workload's of the same seed, whose
+    first transfer ids would be these rows' keys."""
+    rng = random.Random(f"existing rows {seed}")
     moment = time.time_ns()
     transfer_rows = [
         (

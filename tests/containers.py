@@ -106,6 +106,31 @@ class Container:
     def remove(self) -> None:
         subprocess.run(["buildah", "rm", self.id], capture_output=True, check=False)
 
+    def written(self, since: float, writable: tuple[str, ...]) -> list[str]:
+        """Paths of the container's root file system changed after ``since`` outside the
+        ``writable`` folders: what a read-only root file system would have refused. The
+        ``/run`` folder itself is the engine's (its mount point for the container's run)."""
+        root = subprocess.run(
+            ["buildah", "mount", self.id], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        try:
+            found = []
+            for folder, dirs, files in os.walk(root):
+                inside = "/" + os.path.relpath(folder, root).removeprefix(".").lstrip("/")
+                dirs[:] = [
+                    d
+                    for d in dirs
+                    if os.path.join(inside, d) not in (*writable, "/proc", "/sys", "/dev")
+                ]
+                for name in [*dirs, *files]:
+                    path = os.path.join(folder, name)
+                    changed = os.lstat(path).st_mtime > since
+                    if changed and os.path.join(inside, name) != "/run":
+                        found.append(os.path.join(inside, name))
+            return found
+        finally:
+            subprocess.run(["buildah", "umount", self.id], capture_output=True, check=False)
+
     def lines(self) -> list[str]:
         return self.log.read_text(errors="replace").splitlines()
 

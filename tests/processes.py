@@ -160,9 +160,28 @@ def background_workload(
             cleanup_weight=(weights or BANKING)["cleanup_weight"],
         ),
     )
-    thread = threading.Thread(target=workload.run, args=(stop,))
+    thread = WorkloadThread(target=workload.run, args=(stop,))
     thread.start()
     return thread, stop, workload.committed
+
+
+class WorkloadThread(threading.Thread):
+    """A workload's thread whose ``join`` raises what ended it: a workload that died early
+    would otherwise leave a test checking fewer transactions than it meant to."""
+
+    error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except BaseException as error:
+            self.error = error
+            raise
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise AssertionError("the workload ended with an error") from self.error
 
 
 def tail_argv(

@@ -133,6 +133,15 @@ def manifests(name: str) -> dict[str, dict[str, Any]]:
     return {document["kind"]: document for document in documents if document}
 
 
+def assert_read_only_root_with_tmp(pod: dict[str, Any]) -> None:
+    """Read-only root, /tmp an emptyDir: what tests/test_image.py checks the processes allow."""
+    (container,) = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    (mount,) = (m for m in container["volumeMounts"] if m["mountPath"] == "/tmp")
+    (volume,) = (v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert "emptyDir" in volume, volume
+
+
 def test_ingest_deployment_is_one_recreated_replica_with_probes_limits_and_config() -> None:
     objects = manifests("ingest.yaml")
     deployment, config = objects["Deployment"], objects["ConfigMap"]
@@ -142,6 +151,7 @@ def test_ingest_deployment_is_one_recreated_replica_with_probes_limits_and_confi
     assert pod["serviceAccountName"] == objects["ServiceAccount"]["metadata"]["name"]
     assert "iam.gke.io/gcp-service-account" in objects["ServiceAccount"]["metadata"]["annotations"]
     assert pod["securityContext"]["runAsNonRoot"] is True
+    assert_read_only_root_with_tmp(pod)
     (container,) = pod["containers"]
     module_exists(container["args"])
     assert container["envFrom"] == [{"configMapRef": {"name": config["metadata"]["name"]}}]
@@ -167,6 +177,8 @@ def test_pipeline_manifests_run_one_job_with_state_on_object_storage() -> None:
     assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
     (container,) = spec["template"]["spec"]["containers"]
     module_exists(container["args"])
+    assert spec["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert_read_only_root_with_tmp(spec["template"]["spec"])
     data = objects["ConfigMap"]["data"]
     assert set(data) <= KNOWN_VARIABLES, set(data) - KNOWN_VARIABLES
     for option in ("PIPELINE_CHANGELOG_URI", "PIPELINE_MIRROR_ROOT", "PIPELINE_CHECKPOINT_URI"):

@@ -73,6 +73,7 @@ def probes() -> dict[str, str]:
 def test_the_image_runs_the_product_and_every_line_is_json(
     spanner_client: Any, containers: Callable[..., Container], tmp_path: Path
 ) -> None:
+    began = time.time()
     seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
     rng = random.Random(seed)
     compose = services(ROOT / "docker-compose.yml")
@@ -170,3 +171,5 @@ def test_the_image_runs_the_product_and_every_line_is_json(
     assert all(c.mirror_rows > 0 for c in comparisons), comparisons
     for container in (ingest, source, pipeline):
         assert not_json(container.lines()) == [], container.log
+        # the Kubernetes manifests run both with a read-only root and /tmp an emptyDir
+        assert container.written(began, ("/tmp", "/data")) == [], container.log
