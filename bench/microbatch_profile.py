@@ -43,11 +43,12 @@ from pipeline_throughput import MODS_PER_TRANSACTION, available_now, land_change
 import pipeline.batch_writer
 import pipeline.landing
 from pipeline.batch_writer import JobStats
+from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
 from pipeline.deployment import plan_deployment
 from pipeline.job import spark_settings, start_query
 from pipeline.metrics import PipelineMetrics
-from pipeline.mirror import ensure_mirror, mirror_uri
+from pipeline.mirror import ensure_mirror
 from pipeline.session import build_session
 from runtime.logs import null_logger
 

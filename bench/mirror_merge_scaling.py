@@ -32,14 +32,8 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from ingest.model.records import ColumnType
-from pipeline.mirror import (
-    KEYS_COLUMN,
-    POSITION_COLUMN,
-    create_mirror,
-    merge_on_driver,
-    mirror_struct,
-)
-from pipeline.processor import OPERATION
+from pipeline.columns import KEYS_COLUMN, OPERATION, POSITION_COLUMN
+from pipeline.mirror import create_mirror, merge_on_driver, mirror_struct
 from pipeline.shapes import TableShape
 from pipeline.state.variables import row_variable
 

@@ -38,11 +38,11 @@ from ingest.model.records import Mod
 from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.timestamps import parse_rfc3339
 from pipeline.batch_writer import JobStats
+from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
 from pipeline.deployment import plan_deployment
 from pipeline.job import spark_settings, start_query
 from pipeline.metrics import PipelineMetrics
-from pipeline.mirror import mirror_uri
 from pipeline.session import build_session
 from runtime.logs import null_logger
 

@@ -42,13 +42,14 @@ from ingest.model.records import ColumnType, DataChangeRecord, Mod, Transaction
 from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from pipeline.batch_writer import JobStats
+from pipeline.columns import OPERATION, mirror_uri
 from pipeline.config import PipelineConfig
 from pipeline.deployment import plan_deployment
 from pipeline.job import read_changes, spark_settings, start_query
 from pipeline.landing import write_batch
 from pipeline.metrics import PipelineMetrics
-from pipeline.mirror import ensure_mirror, mirror_uri
-from pipeline.processor import INPUT_COLUMNS, OPERATION, ChangeApplier, output_schema
+from pipeline.mirror import ensure_mirror
+from pipeline.processor import INPUT_COLUMNS, ChangeApplier, output_schema
 from pipeline.session import build_session
 from pipeline.state.variables import row_variable
 from runtime.logs import null_logger

@@ -25,7 +25,7 @@ from ingest.contract.changelog import Checkpoint, newest_checkpoint
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos
 from ingest.model.values import float32
 from pipeline.catalog import scan
-from pipeline.mirror import mirror_uri
+from pipeline.columns import mirror_uri
 from pipeline.shapes import TableShape
 from pipeline.values import numeric
 

@@ -24,9 +24,16 @@ from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from pipeline import batch_log
 from pipeline.batch_log import AppliedBatch
 from pipeline.catalog import query, scan
+from pipeline.columns import (
+    KEYS_COLUMN,
+    POSITION_COLUMN,
+    VALID_FROM,
+    VALID_FROM_TEXT,
+    VALID_TO,
+    VALID_TO_TEXT,
+    mirror_uri,
+)
 from pipeline.history import HISTORY_SINCE, IS_CURRENT, Histories
-from pipeline.mirror import KEYS_COLUMN, POSITION_COLUMN, mirror_uri
-from pipeline.processor import VALID_FROM, VALID_FROM_TEXT, VALID_TO, VALID_TO_TEXT
 from runtime.errors import BadInput
 from runtime.storage import delta_storage_options
 

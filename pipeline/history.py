@@ -30,6 +30,16 @@ from pyspark.sql import types as T
 from ingest.contract.changelog import newest_checkpoint
 from ingest.model.timestamps import to_rfc3339
 from pipeline.catalog import checkpoint_at
+from pipeline.columns import (
+    FIRST_CHANGE,
+    FIRST_CHANGE_TEXT,
+    KEYS_COLUMN,
+    POSITION_COLUMN,
+    VALID_FROM,
+    VALID_FROM_TEXT,
+    VALID_TO,
+    VALID_TO_TEXT,
+)
 from pipeline.merges import (
     SparkColumn,
     batch_commit,
@@ -43,16 +53,8 @@ from pipeline.merges import (
     table_version,
     utc_timestamps,
 )
-from pipeline.mirror import KEYS_COLUMN, POSITION_COLUMN, ensure_mirror
-from pipeline.processor import (
-    FIRST_CHANGE,
-    FIRST_CHANGE_TEXT,
-    VALID_FROM,
-    VALID_FROM_TEXT,
-    VALID_TO,
-    VALID_TO_TEXT,
-    history_variable,
-)
+from pipeline.mirror import ensure_mirror
+from pipeline.processor import history_variable
 from pipeline.shapes import TableShape
 from pipeline.state import cut
 from pipeline.state.variables import row_variable

@@ -20,12 +20,13 @@ import structlog
 
 from pipeline.batch_writer import BatchWriter, JobStats
 from pipeline.catalog import version_holding
+from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
 from pipeline.deployment import Plan, only_limits, plan_deployment
 from pipeline.foreign_commits import TABLE_CHANGED_BEHIND_JOB
 from pipeline.history import ensure_history, mirrors_reached
 from pipeline.metrics import PipelineMetrics
-from pipeline.mirror import MIRROR_TARGET_FILE_BYTES, ensure_mirror, mirror_uri
+from pipeline.mirror import MIRROR_TARGET_FILE_BYTES, ensure_mirror
 from pipeline.processor import (
     INPUT_COLUMNS,
     ROW_NOT_APPLICABLE,

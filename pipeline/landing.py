@@ -14,10 +14,11 @@ import structlog
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from pipeline.columns import mirror_uri
 from pipeline.foreign_commits import ForeignCommitCheck
 from pipeline.history import Histories, merge_history_on_driver, merge_history_with_spark
 from pipeline.merges import commit_once
-from pipeline.mirror import merge_into_mirror, merge_on_driver, mirror_uri
+from pipeline.mirror import merge_into_mirror, merge_on_driver
 from pipeline.shapes import TableShape
 
 Logger = structlog.typing.FilteringBoundLogger

@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipeline.columns import KEYS_COLUMN, LAST_APPLIED_COLUMN, OPERATION, POSITION_COLUMN
 from pipeline.merges import (
     SparkColumn,
     batch_commit,
@@ -32,7 +33,6 @@ from pipeline.merges import (
     table_version,
     utc_timestamps,
 )
-from pipeline.processor import LAST_APPLIED_COLUMN, OPERATION
 from pipeline.shapes import TableShape
 from pipeline.state.variables import LAST_APPLIED, row_variable
 from runtime.storage import delta_storage_options
@@ -40,22 +40,10 @@ from runtime.storage import delta_storage_options
 Logger = structlog.typing.FilteringBoundLogger
 
 
-def mirror_uri(mirror_root: str, table: str) -> str:
-    return f"{mirror_root.rstrip('/')}/{table}"
-
-
 MIRROR_TARGET_FILE_BYTES = 16 * 1024 * 1024
 """Mirror files written by the driver MERGE stay about this size (bench/RESULTS.md, mirror size)."""
 GENERATIONS_PROPERTY = "spanner_cdc.generations"
 """Mirror table property: the generation each column holds (pipeline.shapes.ColumnGeneration)."""
-
-
-KEYS_COLUMN = "_cdc_keys"
-"""Mirror column: the row's primary key as the change log spells it (JSON)."""
-POSITION_COLUMN = "_cdc_last_applied"
-"""Mirror column: the change-log position of the row's last applied change (commit timestamp
-text, transaction id, record sequence, mod index). With ``_cdc_keys`` it lets a rebase seed
-state from the mirror exactly (``pipeline.state.seed``)."""
 
 
 def mirror_struct(shape: TableShape) -> T.StructType:

@@ -29,6 +29,16 @@ from ingest.contract.changelog import (
     position,
 )
 from ingest.model.records import ColumnType
+from pipeline.columns import (
+    FIRST_CHANGE,
+    FIRST_CHANGE_TEXT,
+    LAST_APPLIED_COLUMN,
+    OPERATION,
+    VALID_FROM,
+    VALID_FROM_TEXT,
+    VALID_TO,
+    VALID_TO_TEXT,
+)
 from pipeline.shapes import TableShape, lists_every_column
 from pipeline.state.variables import (
     CHANGE_STATS,
@@ -44,11 +54,6 @@ from pipeline.values import mirror_value, spark_value, state_from_seed, state_va
 SOURCE_SCHEMA_CHANGED = "SOURCE_SCHEMA_CHANGED"
 STATE_ROUNDTRIP_MISMATCH = "STATE_ROUNDTRIP_MISMATCH"
 ROW_NOT_APPLICABLE = "ROW_NOT_APPLICABLE"
-OPERATION = "_cdc_operation"
-LAST_APPLIED_COLUMN = "last_applied"
-VALID_FROM, VALID_FROM_TEXT = "_valid_from", "_valid_from_text"
-VALID_TO, VALID_TO_TEXT = "_valid_to", "_valid_to_text"
-FIRST_CHANGE, FIRST_CHANGE_TEXT = "_cdc_first_change", "_cdc_first_change_text"
 _LOCAL_TIMESTAMP = T.TimestampType()
 """Layout 2 kept TIMESTAMP as Spark's timestamp, which PySpark hands back naive in local time;
 its ``toInternal`` turns that back into the epoch microseconds layout 4 keeps."""

@@ -141,7 +141,8 @@ def rebase_from_the_changelog(
     """Bring the mirrors to the change log's table shapes, then seed the next generation from
     them."""
     from pipeline.catalog import discover_shapes
-    from pipeline.mirror import ensure_mirror, mirror_uri
+    from pipeline.columns import mirror_uri
+    from pipeline.mirror import ensure_mirror
 
     shapes = discover_shapes(config.changelog_uri)
     if not shapes:

@@ -11,9 +11,9 @@ import pytest
 from pyspark.sql import types as T
 
 from pipeline.batch_writer import JobStats
+from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
 from pipeline.job import run_pipeline, spark_settings
-from pipeline.mirror import mirror_uri
 from pipeline.session import build_session
 from runtime.logs import null_logger
 from tests.builders import ChangeLog

@@ -32,7 +32,7 @@ from tenacity import (
 from emulator.server import free_port
 from emulator.verify import changelog_watermark, mirror_rows
 from ingest.model.timestamps import to_rfc3339
-from pipeline.mirror import mirror_uri
+from pipeline.columns import mirror_uri
 from tests.beyond_mirrors import (
     assert_examples_equal_recomputed,
     assert_reads_as_of_equal_spanner,

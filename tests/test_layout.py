@@ -131,6 +131,57 @@ def test_the_check_sees_a_wrong_way_import(
     assert wrong_way_imports_of(module, probe) == [f"{module} imports {wrong}"]
 
 
+PIPELINE_LAYERS = (
+    ("pipeline", "pipeline.config", "pipeline.metrics", "pipeline.session", "pipeline.types"),
+    ("pipeline.columns", "pipeline.user_processors.api", "pipeline.shapes", "pipeline.values"),
+    ("pipeline.catalog", "pipeline.merges", "pipeline.state"),
+    ("pipeline.processor", "pipeline.user_processors"),
+    ("pipeline.mirror", "pipeline.history", "pipeline.batch_log", "pipeline.foreign_commits"),
+    ("pipeline.landing", "pipeline.as_of", "pipeline.user_processors.outputs"),
+    ("pipeline.deployment", "pipeline.rebase", "pipeline.batch_writer", "pipeline.job"),
+    ("pipeline.cli", "pipeline.__main__"),
+)
+"""The pipeline's stages, lowest first (docs/design.md): names and shapes, the state, the
+stateful step, the tables it writes, their landing and reads, the job, its command line. A
+module imports its own layer or lower ones; a prefix names a package and what it holds, the
+longest one decides."""
+
+
+def pipeline_layer(module: str) -> int:
+    matches = [
+        (len(prefix), number)
+        for number, layer in enumerate(PIPELINE_LAYERS)
+        for prefix in layer
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    return max(matches)[1]
+
+
+def upward_imports_of(module: str, path: Path) -> list[str]:
+    return [
+        f"{module} imports {imported}"
+        for imported in sorted(product_imports(path))
+        if imported.startswith("pipeline") and pipeline_layer(imported) > pipeline_layer(module)
+    ]
+
+
+def test_no_pipeline_module_imports_a_later_stage() -> None:
+    upward = [
+        wrong
+        for path in sorted((ROOT / "pipeline").rglob("*.py"))
+        for wrong in upward_imports_of(module_name(path), path)
+    ]
+    assert upward == []
+
+
+def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("from pipeline.mirror import ensure_mirror\n")
+    assert upward_imports_of("pipeline.state.seed", probe) == [
+        "pipeline.state.seed imports pipeline.mirror"
+    ]
+
+
 def test_the_pipeline_never_loads_the_spanner_client() -> None:
     modules = sorted(
         module_name(p) for p in (ROOT / "pipeline").rglob("*.py") if p.name != "__main__.py"

@@ -21,7 +21,7 @@ from emulator.verify import changelog_watermark
 from emulator.workload import NEW_COLUMN_KINDS
 from ingest.model.timestamps import to_rfc3339
 from pipeline.catalog import version_holding
-from pipeline.mirror import mirror_uri
+from pipeline.columns import mirror_uri
 from pipeline.state import cut
 from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
 from tests.processes import Pipeline, Service, wait_until

@@ -19,8 +19,8 @@ import pytest
 from deltalake import DeltaTable
 
 from emulator.verify import landed_transactions
+from pipeline.columns import mirror_uri
 from pipeline.foreign_commits import TABLE_CHANGED_BEHIND_JOB
-from pipeline.mirror import mirror_uri
 from pipeline.session import build_session
 from tests.checks import accounts_written_after_start, assert_mirrors_equal, compare_at_watermark
 from tests.processes import BANKING, Pipeline, Service, background_workload, wait_until

@@ -24,9 +24,10 @@ from hypothesis import strategies as st
 
 from ingest.model.records import ColumnType
 from pipeline.catalog import scan
+from pipeline.columns import OPERATION, mirror_uri
 from pipeline.landing import write_batch
-from pipeline.mirror import create_mirror, mirror_struct, mirror_uri
-from pipeline.processor import OPERATION, output_schema
+from pipeline.mirror import create_mirror, mirror_struct
+from pipeline.processor import output_schema
 from pipeline.shapes import TableShape
 from pipeline.state.variables import row_variable
 from runtime.logs import null_logger

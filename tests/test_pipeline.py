@@ -25,12 +25,13 @@ from ingest.model.timestamps import parse_rfc3339
 from pipeline import batch_writer, deployment, job
 from pipeline import catalog as pipeline_catalog
 from pipeline.catalog import discover_shapes, scan
+from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
 from pipeline.job import PipelineFailed, run_pipeline
 from pipeline.landing import write_batch
 from pipeline.merges import commit_once
 from pipeline.metrics import PipelineMetrics
-from pipeline.mirror import merge_into_mirror, mirror_uri
+from pipeline.mirror import merge_into_mirror
 from pipeline.processor import output_schema
 from pipeline.state.checkpoint import CheckpointInUse, CheckpointLock, checkpoint_id
 from pipeline.state.registry import SchemaRegistry

@@ -17,9 +17,9 @@ from deltalake import DeltaTable
 from pyspark.sql import types as T
 
 from ingest.model.records import ColumnType
+from pipeline.columns import KEYS_COLUMN, POSITION_COLUMN, mirror_uri
 from pipeline.config import PipelineConfig
 from pipeline.job import PipelineFailed
-from pipeline.mirror import KEYS_COLUMN, POSITION_COLUMN, mirror_uri
 from pipeline.rebase import RebaseRefused, rebase_on_demand, starting_version
 from pipeline.state import cut, generations
 from pipeline.state.registry import SchemaRegistry

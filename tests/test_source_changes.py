@@ -37,9 +37,9 @@ from emulator.bootstrap import bootstrap
 from emulator.verify import changelog_watermark
 from ingest.model.timestamps import from_datetime, to_rfc3339
 from pipeline.catalog import discover_shapes, scan
+from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
 from pipeline.job import PipelineFailed
-from pipeline.mirror import mirror_uri
 from pipeline.state import generations
 from pipeline.state.registry import Deployment, SchemaRegistry
 from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark

@@ -23,8 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ingest.model.records import ColumnType
-from pipeline.mirror import KEYS_COLUMN, POSITION_COLUMN, mirror_uri
-from pipeline.processor import LAST_APPLIED_COLUMN
+from pipeline.columns import KEYS_COLUMN, LAST_APPLIED_COLUMN, POSITION_COLUMN, mirror_uri
 from pipeline.shapes import TableShape
 from pipeline.state.variables import LAST_APPLIED, row_variable
 from pipeline.types import is_mapped, is_timestamp, spark_type
