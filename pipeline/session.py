@@ -8,7 +8,6 @@ run, so they are always set here.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -16,8 +15,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from runtime.jvm import JIT_SETTINGS, loopback_when_unresolvable, own_session
-from runtime.storage import jars_dir, spark_config, store_jars
+from runtime.jvm import loopback_when_unresolvable
+from runtime.spark_session import session_settings, start_session
+from runtime.storage import jars_dir
 
 DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
 GCS_CONNECTOR_URL = (
@@ -42,6 +42,8 @@ S3_SDK_PACKAGES = tuple(
 
 
 def base_config(shuffle_partitions: int = 4) -> dict[str, str]:
+    """The pipeline's own settings: Delta, the RocksDB state store with Avro state, the state's
+    partitions (frozen into a checkpoint on its first run)."""
     return {
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -50,10 +52,6 @@ def base_config(shuffle_partitions: int = 4) -> dict[str, str]:
         ),
         "spark.sql.streaming.stateStore.encodingFormat": "avro",
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
-        "spark.ui.showConsoleProgress": "false",
-        "spark.ui.enabled": "false",
-        **JIT_SETTINGS,
-        **spark_config(),
     }
 
 
@@ -67,28 +65,12 @@ def build_session(
 ):  # -> pyspark.sql.SparkSession (imported lazily: pyspark is heavy)
     """A session with the Delta jars, and S3A's when any of ``storage_uris`` is on S3; the
     JVM's lines to ``jvm_output`` when given (``runtime.jvm.JvmLog``)."""
-    from pyspark.sql import SparkSession
-
     jars = sorted(jars_dir().glob("*.jar"))
     if not jars:
         raise RuntimeError(f"no Delta jars in {jars_dir()}: run `make jars` first")
-    jars += [jar for jar in store_jars(storage_uris) if jar not in jars]
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app_name)
-    if master:
-        builder = builder.master(master)
-    settings = {
-        **base_config(shuffle_partitions),
-        "spark.jars": ",".join(map(str, jars)),
-        **(extra or {}),
-    }
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    loopback_when_unresolvable(master)
-    with own_session(jvm_output):  # a stop signal to the job's group reaches Python only
-        session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    own = {**base_config(shuffle_partitions), **(extra or {})}
+    settings = session_settings(own, jars, storage_uris)
+    return start_session(app_name, master, settings, jvm_output)
 
 
 def fetch_jars(destination: Path) -> list[Path]:

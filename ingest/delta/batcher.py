@@ -10,7 +10,7 @@ from typing import Protocol
 
 import structlog
 
-from ingest.delta.sink import DeltaChangeLogSink
+from ingest.delta.sink import CommitResult, DeltaChangeLogSink
 from ingest.model.encoding import canonical_json as json_text
 from ingest.model.records import Transaction, WatchedColumns
 from ingest.model.resume import Release, ResumePoint
@@ -222,18 +222,10 @@ class Batcher:
         if self.on_commit is not None:
             self.on_commit(self.pending, point.low_watermark)
         self._watched.landed(watched or {})
+        snapshot_rows = sum(len(c.rows) + len(c.deleted_keys) for c in chunks)
         lag_nanos = self.wall_clock() - point.low_watermark
-        self.log.info(
-            "delta_commit",
-            version=result.version,
-            delta_version=result.delta_version,
-            transactions=result.transactions,
-            rows=result.rows,
-            snapshot_rows=sum(len(c.rows) + len(c.deleted_keys) for c in chunks),
-            schema_rows=sorted(watched or {}),
-            low_watermark=to_rfc3339(point.low_watermark),
-            watermark_lag_seconds=round(lag_nanos / NANOS_PER_SECOND, 3),
-            replayed=result.replayed,
+        report_commit(
+            self.log, result, watched or {}, point.low_watermark, lag_nanos, snapshot_rows
         )
         warn_near_retention(self.log, lag_nanos, self.retention_nanos)
         self.pending, self.pending_rows, self.pending_since = [], 0, None
@@ -259,6 +251,30 @@ class Batcher:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+def report_commit(
+    log: Logger,
+    result: CommitResult,
+    watched: WatchedColumns,
+    low_watermark: Nanos,
+    lag_nanos: Nanos,
+    snapshot_rows: int = 0,
+) -> None:
+    """A commit's ``delta_commit`` event, the same from both runtimes: what watches the
+    service's commits watches the Spark source's."""
+    log.info(
+        "delta_commit",
+        version=result.version,
+        delta_version=result.delta_version,
+        transactions=result.transactions,
+        rows=result.rows,
+        snapshot_rows=snapshot_rows,
+        schema_rows=sorted(watched),
+        low_watermark=to_rfc3339(low_watermark),
+        watermark_lag_seconds=round(lag_nanos / NANOS_PER_SECOND, 3),
+        replayed=result.replayed,
+    )
 
 
 def warn_near_retention(log: Logger, lag_nanos: Nanos, retention_nanos: Nanos) -> None:

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import structlog
 
 from ingest.contract.changelog import SCHEMA, Checkpoint
-from ingest.delta.batcher import WatchedColumnsPoll, warn_near_retention
+from ingest.delta.batcher import WatchedColumnsPoll, report_commit, warn_near_retention
 from ingest.delta.sink import CommitResult, DeltaChangeLogSink, WriterFenced
 from ingest.model.records import WatchedColumns
 from ingest.model.resume import ResumePoint
@@ -211,21 +211,10 @@ class BatchLanding:
         if not result.replayed:
             self._needs_backfill(watched, cut.low_watermark)
             self._watched.landed(watched)
-            self._log.info(
-                "delta_commit",
-                version=result.version,
-                delta_version=result.delta_version,
-                transactions=transactions,
-                rows=result.rows,
-                snapshot_rows=0,
-                schema_rows=sorted(watched),
-                low_watermark=to_rfc3339(cut.low_watermark),
-                watermark_lag_seconds=self._lag_s(cut.low_watermark),
-                replayed=False,
-            )
+            lag_nanos = self._wall_clock() - cut.low_watermark
+            report_commit(self._log, result, watched, cut.low_watermark, lag_nanos)
             if self._retention_nanos is not None:
-                lag = self._wall_clock() - cut.low_watermark
-                warn_near_retention(self._log, lag, self._retention_nanos)
+                warn_near_retention(self._log, lag_nanos, self._retention_nanos)
         return result
 
     def _needs_backfill(self, watched: WatchedColumns, low_watermark: Nanos) -> None:

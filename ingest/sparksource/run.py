@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -37,9 +36,10 @@ from ingest.sparksource.rows import BatchIdentity
 from ingest.sparksource.snapshot import SparkSnapshotSettings, snapshot_in_tasks
 from ingest.sparksource.source import NAME, WAVE, ChangeStreamDataSource, SourceOptions, wave_json
 from runtime.errors import BadInput, ReportedError
-from runtime.jvm import JIT_SETTINGS, JvmLog, loopback_when_unresolvable, own_session
+from runtime.jvm import JvmLog
 from runtime.options import in_range, integer, load_options, non_empty, option, reference, seconds
-from runtime.storage import STORE_ENVIRONMENT, spark_config, store_jars
+from runtime.spark_session import session_settings, start_session
+from runtime.storage import STORE_ENVIRONMENT
 
 Logger = structlog.typing.FilteringBoundLogger
 
@@ -269,27 +269,12 @@ def _first_line(text: str) -> str:
 
 
 def spark_session(spark: SparkSourceConfig, jvm_output: Callable[[str], None] | None = None) -> Any:
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (
-        SparkSession.builder.appName("spanner-cdc-source")
-        .master(spark.master)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.streaming.stopTimeout", "30s")
-    )
-    jars = store_jars([spark.checkpoint_uri])
-    if jars:  # the checkpoint on an object store: its Hadoop file system
-        builder = builder.config("spark.jars", ",".join(map(str, jars)))
-    for name, value in {**JIT_SETTINGS, **spark_config()}.items():
-        builder = builder.config(name, value)
+    """The driver's session: its checkpoint's object store, the emulator's address and the
+    store's credentials forwarded to the executors (their tasks open Spanner and the store)."""
     forwarded = ("SPANNER_EMULATOR_HOST", "GOOGLE_CLOUD_SPANNER_MULTIPLEXED_SESSIONS")
+    own = {"spark.sql.streaming.stopTimeout": "30s"}
     for name in sorted(os.environ):
         if name in forwarded or name in STORE_ENVIRONMENT or name.startswith("AWS_"):
-            builder = builder.config(f"spark.executorEnv.{name}", os.environ[name])
-    loopback_when_unresolvable(spark.master)
-    with own_session(jvm_output):  # a stop signal to the driver's group reaches Python only
-        session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+            own[f"spark.executorEnv.{name}"] = os.environ[name]
+    settings = session_settings(own, storage_uris=[spark.checkpoint_uri])
+    return start_session("spanner-cdc-source", spark.master, settings, jvm_output)
