@@ -18,13 +18,12 @@ from ingest.model.records import ColumnType
 from ingest.model.resume import start_point
 from ingest.model.snapshot import Key, SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339
-from ingest.snapshot.initial import (
+from ingest.snapshot.initial import SnapshotSettings, run_snapshot
+from ingest.snapshot.reach import (
     Retention,
     SnapshotOutOfReach,
-    SnapshotSettings,
     check_fits_retention,
     check_reachable,
-    run_snapshot,
 )
 from tests.builders import captured_logger
 

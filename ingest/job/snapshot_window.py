@@ -15,7 +15,7 @@ from ingest.changestream.opening import OpenedStream
 from ingest.job.config import JobConfig
 from ingest.model.snapshot import SnapshotProgress
 from ingest.model.timestamps import Nanos, to_rfc3339
-from ingest.snapshot.initial import Retention, SnapshotOutOfReach, check_reachable
+from ingest.snapshot.reach import Retention, SnapshotOutOfReach, check_reachable
 from ingest.snapshot.reader import count_rows
 
 Logger = structlog.typing.FilteringBoundLogger

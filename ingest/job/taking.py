@@ -22,7 +22,7 @@ from ingest.job.snapshot_window import retention_of, table_rows
 from ingest.model.resume import ResumePoint, start_point
 from ingest.model.snapshot import SnapshotMode, SnapshotProgress
 from ingest.model.timestamps import to_rfc3339
-from ingest.snapshot.initial import check_fits_retention, check_reachable
+from ingest.snapshot.reach import check_fits_retention, check_reachable
 
 Logger = structlog.typing.FilteringBoundLogger
 

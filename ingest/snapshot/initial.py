@@ -23,9 +23,9 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 from ingest.changestream.retries import is_transient
 from ingest.model.records import ColumnType, WatchedColumns
 from ingest.model.snapshot import Key, SnapshotChunk, SnapshotProgress
-from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
+from ingest.model.timestamps import Nanos, to_rfc3339
 from ingest.snapshot.commits import SnapshotCommits
-from runtime.errors import BadInput
+from ingest.snapshot.reach import check_projected_end
 
 Logger = structlog.typing.FilteringBoundLogger
 ReadTable = Callable[[str, tuple[ColumnType, ...], Nanos, Key | None], Iterator[SnapshotChunk]]
@@ -33,10 +33,6 @@ ReadTable = Callable[[str, tuple[ColumnType, ...], Nanos, Key | None], Iterator[
 AbsentKeys = Callable[[str, Nanos, Iterable[str]], list[str]]
 """(table, T, keys read but not landed yet) → keys alive in the change log before T that the
 snapshot did not find (``ingest.delta.absent_keys``)."""
-
-
-class SnapshotOutOfReach(BadInput, RuntimeError):
-    """T0 is older than the database keeps versions: the snapshot cannot be read consistently."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,66 +43,6 @@ class SnapshotSettings:
     """The tables' rows at T0 (counted at start), for the projected end; None: not counted."""
     deadline: Nanos | None = None
     """By when the snapshot must be done (T0 plus what Spanner keeps)."""
-
-
-def check_reachable(read_timestamp: Nanos, now: Nanos, version_retention: Nanos) -> Nanos:
-    """The deadline by which the snapshot must be read; refused once T0 is out of reach."""
-    deadline = read_timestamp + version_retention
-    if now >= deadline:
-        raise SnapshotOutOfReach(
-            f"snapshot read timestamp {to_rfc3339(read_timestamp)} is older than the database's "
-            f"version_retention_period ({version_retention // NANOS_PER_SECOND} s): raise it "
-            "(ALTER DATABASE … SET OPTIONS (version_retention_period = '…')) before the next "
-            "snapshot, or start a new job with a new table or job id; nothing landed is lost"
-        )
-    return deadline
-
-
-@dataclass(frozen=True, slots=True)
-class Retention:
-    """How long Spanner keeps what a snapshot needs: versions to read at T0, and (when the
-    stream follows the snapshot from T0) the change stream's records."""
-
-    version_retention: Nanos
-    stream_retention: Nanos | None
-
-    @property
-    def limit(self) -> Nanos:
-        return min(self.version_retention, self.stream_retention or self.version_retention)
-
-
-def check_fits_retention(
-    read_timestamp: Nanos, rows: int, rows_per_s: float, retention: Retention
-) -> Nanos:
-    """The snapshot's expected end (``rows`` at ``rows_per_s`` from T0); refused when that is
-    past what Spanner keeps, with both figures and what to change."""
-    expected = int(rows / rows_per_s * NANOS_PER_SECOND)
-    if expected < retention.limit:
-        return read_timestamp + expected
-    stream = (
-        f"; the change stream keeps changes for {_duration(retention.stream_retention)} "
-        "(ALTER CHANGE STREAM … SET OPTIONS (retention_period = '…'))"
-        if retention.stream_retention is not None
-        else ""
-    )
-    rate = f"{rows_per_s:,.0f}" if rows_per_s >= 1 else f"{rows_per_s:g}"
-    raise SnapshotOutOfReach(
-        f"the snapshot of {rows:,} rows needs about {_duration(expected)} at "
-        f"{rate} rows/s (snapshot_rows_per_s), longer than Spanner keeps what it "
-        f"needs: the database keeps versions for {_duration(retention.version_retention)} "
-        "(ALTER DATABASE … SET OPTIONS (version_retention_period = '…'))"
-        f"{stream}. Raise them above {_duration(2 * expected)}, or set snapshot_rows_per_s to "
-        "the rate this deployment has shown; nothing was landed"
-    )
-
-
-def _duration(nanos: Nanos) -> str:
-    seconds = nanos / NANOS_PER_SECOND
-    if seconds < 3600:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 2 * 86_400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86_400:.1f} d"
 
 
 class _Stopped(Exception):
@@ -303,32 +239,6 @@ def report_progress(
     report(log, "snapshot_progress", progress, rows_now, elapsed)
     rate = rows_now / elapsed if elapsed > 0 else 0.0
     check_projected_end(log, expected_rows, deadline, progress, rate, now)
-
-
-def check_projected_end(
-    log: Logger,
-    expected_rows: int | None,
-    deadline: Nanos | None,
-    progress: SnapshotProgress,
-    rate: float,
-    now: Nanos,
-) -> None:
-    """An error event while a snapshot's rate would end it past its deadline."""
-    if expected_rows is None or deadline is None or progress.complete:
-        return
-    remaining = max(0, expected_rows - progress.rows)
-    projected = now + int(remaining / rate * NANOS_PER_SECOND) if rate > 0 else None
-    if projected is None or projected > deadline:
-        log.error(
-            "snapshot_outliving_retention",
-            rows=progress.rows,
-            expected_rows=expected_rows,
-            rows_per_second=round(rate, 1),
-            projected_end=to_rfc3339(projected) if projected is not None else None,
-            deadline=to_rfc3339(deadline),
-            action="raise version_retention_period (and the change stream's retention_period) "
-            "now, while the snapshot runs",
-        )
 
 
 def _drain(

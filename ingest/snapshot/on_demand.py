@@ -31,14 +31,8 @@ from ingest.model.records import Transaction, WatchedColumns
 from ingest.model.snapshot import SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import Nanos, to_rfc3339
 from ingest.snapshot.commits import SnapshotCommits
-from ingest.snapshot.initial import (
-    AbsentKeys,
-    ReadTable,
-    SnapshotOutOfReach,
-    SnapshotReaders,
-    check_reachable,
-    report,
-)
+from ingest.snapshot.initial import AbsentKeys, ReadTable, SnapshotReaders, report
+from ingest.snapshot.reach import SnapshotOutOfReach, check_reachable
 
 Logger = structlog.typing.FilteringBoundLogger
 DeletedAfter = Callable[[str, Nanos], set[str]]
