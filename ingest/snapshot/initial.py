@@ -23,9 +23,9 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 from ingest.changestream.retries import is_transient
 from ingest.model.records import ColumnType, WatchedColumns
 from ingest.model.snapshot import Key, SnapshotChunk, SnapshotProgress
-from ingest.model.timestamps import Nanos, to_rfc3339
+from ingest.model.timestamps import Nanos
 from ingest.snapshot.commits import SnapshotCommits
-from ingest.snapshot.reach import check_projected_end
+from ingest.snapshot.reach import ProgressReports
 
 Logger = structlog.typing.FilteringBoundLogger
 ReadTable = Callable[[str, tuple[ColumnType, ...], Nanos, Key | None], Iterator[SnapshotChunk]]
@@ -179,8 +179,7 @@ def run_snapshot(
     the new one's snapshot. With
     each progress report, a rate that would end the snapshot past its deadline is an error
     event (``snapshot_outliving_retention``) while there is still time to act."""
-    started, rows_before = monotonic(), progress.rows
-    last_report = started
+    reports = ProgressReports.of(settings, progress, log, monotonic, wall_clock)
     readers = SnapshotReaders(progress, columns, read_table, settings.workers, stop)
     try:
         while not progress.complete and not stop.is_set():
@@ -194,18 +193,7 @@ def run_snapshot(
                 progress = progress.advanced(chunk)
             sink.commit_snapshot(landed, progress)
             on_commit()
-            now = monotonic()
-            if now - last_report >= settings.progress_interval_s or progress.complete:
-                last_report = now
-                report_progress(
-                    log,
-                    progress,
-                    rows_before,
-                    now - started,
-                    settings.expected_rows,
-                    settings.deadline,
-                    wall_clock(),
-                )
+            reports.after_commit(progress)
     finally:
         readers.close()
     return progress
@@ -224,23 +212,6 @@ def _with_absent_keys(
     return replace(chunk, deleted_keys=tuple(deleted))
 
 
-def report_progress(
-    log: Logger,
-    progress: SnapshotProgress,
-    rows_before: int,
-    elapsed: float,
-    expected_rows: int | None,
-    deadline: Nanos | None,
-    now: Nanos,
-) -> None:
-    """``snapshot_progress``, and the error event when this process's rate would end the
-    snapshot past its deadline."""
-    rows_now = progress.rows - rows_before
-    report(log, "snapshot_progress", progress, rows_now, elapsed)
-    rate = rows_now / elapsed if elapsed > 0 else 0.0
-    check_projected_end(log, expected_rows, deadline, progress, rate, now)
-
-
 def _drain(
     chunks: queue.Queue[SnapshotChunk | BaseException],
 ) -> list[SnapshotChunk | BaseException]:
@@ -250,19 +221,3 @@ def _drain(
             drained.append(chunks.get_nowait())
         except queue.Empty:
             return drained
-
-
-def report(
-    log: Logger, event: str, progress: SnapshotProgress, rows_now: int, elapsed: float
-) -> None:
-    """Rows and tables landed, and this process's rate (the tables' sizes are not known ahead:
-    counting them would cost another read of every table)."""
-    log.info(
-        event,
-        read_timestamp=to_rfc3339(progress.read_timestamp),
-        tables_done=sum(t.done for t in progress.tables),
-        tables=len(progress.tables),
-        rows=progress.rows,
-        rows_per_second=round(rows_now / elapsed, 1) if elapsed > 0 else None,
-        complete=progress.complete,
-    )

@@ -31,8 +31,8 @@ from ingest.model.records import Transaction, WatchedColumns
 from ingest.model.snapshot import SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import Nanos, to_rfc3339
 from ingest.snapshot.commits import SnapshotCommits
-from ingest.snapshot.initial import AbsentKeys, ReadTable, SnapshotReaders, report
-from ingest.snapshot.reach import SnapshotOutOfReach, check_reachable
+from ingest.snapshot.initial import AbsentKeys, ReadTable, SnapshotReaders
+from ingest.snapshot.reach import SnapshotOutOfReach, check_reachable, report
 
 Logger = structlog.typing.FilteringBoundLogger
 DeletedAfter = Callable[[str, Nanos], set[str]]

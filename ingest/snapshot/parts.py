@@ -37,7 +37,8 @@ from ingest.rules.snapshot_parts import (
     parts_wanted,
     tables_to_split,
 )
-from ingest.snapshot.initial import reading_again, report_progress
+from ingest.snapshot.initial import reading_again
+from ingest.snapshot.reach import ProgressReports
 
 Logger = structlog.typing.FilteringBoundLogger
 
@@ -156,8 +157,7 @@ def read_parts(
     error stops the snapshot (Spark has retried its task); what landed stays. With each
     progress report, a rate that would end the snapshot past its deadline is an error event
     (``snapshot_outliving_retention``)."""
-    started, rows_before = monotonic(), progress.rows
-    last_report = started
+    reports = ProgressReports.of(settings, progress, log, monotonic, wall_clock)
     waiting = parts_to_read(progress)
     pool = ThreadPoolExecutor(settings.tasks, thread_name_prefix="snapshot-part")
     running: dict[Future[PartRead], PartToRead] = {}
@@ -184,18 +184,7 @@ def read_parts(
                 for read in reads
                 if not read.done
             ][::-1]
-            now = monotonic()
-            if now - last_report >= settings.progress_interval_s or progress.complete:
-                last_report = now
-                report_progress(
-                    log,
-                    progress,
-                    rows_before,
-                    now - started,
-                    settings.expected_rows,
-                    settings.deadline,
-                    wall_clock(),
-                )
+            reports.after_commit(progress)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     return progress

@@ -1,11 +1,15 @@
 """When a snapshot may start, and when it is refused: T0 must stay readable until the snapshot
 ends, so the database's versions (and, when the stream follows the snapshot from T0, the change
-stream's records) must outlive it. Both engines (per table, ``initial``; per key range,
+stream's records) must outlive it; while it runs, its progress reports say whether it will.
+Both engines (per table, ``initial``; per key range,
 ``parts``) and both runtimes' job start (``ingest.job``) check a snapshot here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
 
@@ -103,4 +107,73 @@ def check_projected_end(
             deadline=to_rfc3339(deadline),
             action="raise version_retention_period (and the change stream's retention_period) "
             "now, while the snapshot runs",
+        )
+
+
+def report(
+    log: Logger, event: str, progress: SnapshotProgress, rows_now: int, elapsed: float
+) -> None:
+    """Rows and tables landed, and this process's rate (the tables' sizes are not known ahead:
+    counting them would cost another read of every table)."""
+    log.info(
+        event,
+        read_timestamp=to_rfc3339(progress.read_timestamp),
+        tables_done=sum(t.done for t in progress.tables),
+        tables=len(progress.tables),
+        rows=progress.rows,
+        rows_per_second=round(rows_now / elapsed, 1) if elapsed > 0 else None,
+        complete=progress.complete,
+    )
+
+
+class ReportSettings(Protocol):
+    """What both engines' settings say of their reports."""
+
+    @property
+    def progress_interval_s(self) -> float: ...
+    @property
+    def expected_rows(self) -> int | None: ...
+    @property
+    def deadline(self) -> Nanos | None: ...
+
+
+@dataclass
+class ProgressReports:
+    """A running snapshot's ``snapshot_progress`` every interval and at its end, each followed
+    by the projected-end check: one for both engines."""
+
+    settings: ReportSettings
+    rows_before: int
+    log: Logger
+    monotonic: Callable[[], float] = time.monotonic
+    wall_clock: Callable[[], Nanos] = time.time_ns
+    started: float = field(init=False)
+    last: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.last = self.monotonic()
+
+    @classmethod
+    def of(
+        cls,
+        settings: ReportSettings,
+        progress: SnapshotProgress,
+        log: Logger,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], Nanos] = time.time_ns,
+    ) -> ProgressReports:
+        """Reports of this process's part of the snapshot, from ``progress`` as it starts."""
+        return cls(settings, progress.rows, log, monotonic, wall_clock)
+
+    def after_commit(self, progress: SnapshotProgress) -> None:
+        now = self.monotonic()
+        if now - self.last < self.settings.progress_interval_s and not progress.complete:
+            return
+        self.last = now
+        rows_now, elapsed = progress.rows - self.rows_before, now - self.started
+        report(self.log, "snapshot_progress", progress, rows_now, elapsed)
+        rate = rows_now / elapsed if elapsed > 0 else 0.0
+        settings = self.settings
+        check_projected_end(
+            self.log, settings.expected_rows, settings.deadline, progress, rate, self.wall_clock()
         )
