@@ -282,7 +282,9 @@ def stalling_reader(
     config = ReaderConfig(
         start_timestamp=1000,
         end_timestamp=source.end,
-        heartbeat_ms=10,
+        # silent for 1 s: 'steady' records 2 ms apart stay well inside it on a loaded machine
+        # (at 50 ms, a 54 ms scheduling pause made 'steady' stuck in a 3-worker run)
+        heartbeat_ms=200,
         stuck_after_heartbeats=5,
         retry=FAST_RETRY,
     )
