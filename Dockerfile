@@ -30,9 +30,10 @@ COPY deploy/lean_spark_jars.py /tmp/
 RUN if [ "$SPARK_JARS" = lean ]; then \
       /opt/venv/bin/python /tmp/lean_spark_jars.py /opt/venv/lib/python3*/site-packages/pyspark/jars; \
     fi
-# The jars: a layer that changes only with the code that names them.
+# The jars and the class archive of Spark's driver (made from this venv's Spark, so the running
+# container maps it): a layer that changes only with the code that names them.
 COPY runtime runtime
-COPY pipeline/__init__.py pipeline/session.py pipeline/
+COPY pipeline/__init__.py pipeline/session.py pipeline/class_archive.py pipeline/
 # hadolint ignore=SC2086
 RUN /opt/venv/bin/python -m pipeline.session fetch /opt/jars $(for c in $CONNECTORS; do echo --$c; done)
 COPY ingest ingest

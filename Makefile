@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml
 jars: .jars/.fetched
 
 # Delta jars for Spark, resolved once from Maven Central so nothing downloads at test or run time.
-.jars/.fetched: $(STAMP) pipeline/session.py
+# The class archive of Spark's driver is made beside them from the venv's Spark (runtime/jvm.py).
+.jars/.fetched: $(STAMP) pipeline/session.py pipeline/class_archive.py
 	$(PY) -m pipeline.session fetch .jars --s3
 	touch .jars/.fetched
 

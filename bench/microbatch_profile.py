@@ -16,7 +16,7 @@ Timers wrap ``pipeline.batch_writer.write_batch`` and the two mirror MERGE funct
 ``pipeline.landing`` calls them; nothing else changes.
 
 Usage: python bench/microbatch_profile.py [--versions 11] [--keys 10000] [--merge driver]
-       [--shuffle-partitions 2]
+       [--shuffle-partitions 2] [--class-archive on]
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from pipeline.job import spark_settings, start_query
 from pipeline.metrics import PipelineMetrics
 from pipeline.mirror import ensure_mirror
 from pipeline.session import build_session
+from runtime.jvm import JIT_SETTINGS
 from runtime.logs import null_logger
 
 SPARK_PHASES = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "triggerExecution")
@@ -86,6 +87,15 @@ class Timers:
         setattr(module, name, timed)
 
 
+def without_archive(off: bool) -> dict[str, str]:
+    """The driver's options without the class archive: the same start but for the archive."""
+    return (
+        {"spark.driver.defaultJavaOptions": JIT_SETTINGS["spark.driver.defaultJavaOptions"]}
+        if off
+        else {}
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--versions", type=int, default=11)
@@ -93,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows-per-version", type=int, default=1_090)
     parser.add_argument("--merge", choices=("driver", "spark"), default="driver")
     parser.add_argument("--shuffle-partitions", type=int, default=2)
+    parser.add_argument(
+        "--class-archive",
+        choices=("on", "off"),
+        default="on",
+        help="off: the driver starts without the jars' class archive (runtime.jvm.CLASS_ARCHIVE)",
+    )
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="microbatch-profile-"))
     rows = args.versions * args.rows_per_version
@@ -116,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         "microbatch-profile",
         master="local[2]",
         shuffle_partitions=config.shuffle_partitions,
-        extra=spark_settings(config),
+        extra={**spark_settings(config), **without_archive(args.class_archive == "off")},
     )
     spark.sparkContext.setLogLevel("ERROR")
     marks["Spark session"] = time.monotonic() - began

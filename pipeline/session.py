@@ -12,10 +12,10 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from runtime.jvm import loopback_when_unresolvable
+from runtime.jvm import JvmLog, loopback_when_unresolvable
 from runtime.spark_session import session_settings, start_session
 from runtime.storage import jars_dir
 
@@ -61,7 +61,7 @@ def build_session(
     shuffle_partitions: int = 4,
     extra: Mapping[str, str] | None = None,
     storage_uris: Sequence[str] = (),
-    jvm_output: Callable[[str], None] | None = None,
+    jvm_output: JvmLog | None = None,
 ):  # -> pyspark.sql.SparkSession (imported lazily: pyspark is heavy)
     """A session with the Delta jars, and S3A's when any of ``storage_uris`` is on S3; the
     JVM's lines to ``jvm_output`` when given (``runtime.jvm.JvmLog``)."""
@@ -157,3 +157,6 @@ if __name__ == "__main__":
         (target / "s3").mkdir(exist_ok=True)
         fetched += fetch_s3_jars(target / "s3")
     print(f"{len(fetched)} jars in {target}")
+    from pipeline.class_archive import make_archive
+
+    print(f"class archive {make_archive(target)}")

@@ -1,20 +1,28 @@
 """A Spark session as both Spark runtimes start it (the pipeline and ``ingest spark-run``).
 
-What every session of the product needs is set here once: the UI off, the JIT settings, the
-object stores' Hadoop settings and jars, the JVM in a session of its own bound to the loopback
-where the host's name does not resolve, and its log level. A runtime adds only its own settings.
+What every session of the product needs is set here once: the UI off, the JIT settings and
+the class archive, the object stores' Hadoop settings and jars, the JVM in a session of its own
+bound to the loopback where the host's name does not resolve, and its log level. A runtime adds
+only its own settings.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from runtime.jvm import JIT_SETTINGS, loopback_when_unresolvable, own_session
-from runtime.storage import spark_config, store_jars
+from runtime.jvm import (
+    JIT_SETTINGS,
+    JvmLog,
+    driver_java_options,
+    loopback_when_unresolvable,
+    own_session,
+    refused_class_archive,
+)
+from runtime.storage import jars_dir, spark_config, store_jars
 
 COMMON_SETTINGS = {
     "spark.ui.enabled": "false",
@@ -29,7 +37,7 @@ def session_settings(
     """Every setting a session starts with: the common ones, the object stores', ``jars`` and
     the stores' jars for ``storage_uris`` (S3A's, GCS's), then the runtime's ``own`` (they win)."""
     every_jar = [*jars, *(jar for jar in store_jars(storage_uris) if jar not in jars)]
-    settings = {**COMMON_SETTINGS, **spark_config()}
+    settings = {**COMMON_SETTINGS, **driver_java_options(jars_dir()), **spark_config()}
     if every_jar:
         settings["spark.jars"] = ",".join(map(str, every_jar))
     return {**settings, **own}
@@ -39,7 +47,7 @@ def start_session(
     app_name: str,
     master: str | None,
     settings: Mapping[str, str],
-    jvm_output: Callable[[str], None] | None = None,
+    jvm_output: JvmLog | None = None,
 ) -> Any:  # pyspark.sql.SparkSession (imported lazily: pyspark is heavy)
     """The session (``session_settings``' result as ``settings``); the JVM's lines to
     ``jvm_output`` when given (``runtime.jvm.JvmLog``). A stop signal to the process's group
@@ -56,4 +64,12 @@ def start_session(
     with own_session(jvm_output):
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    refused = refused_class_archive(session)
+    if refused is not None and jvm_output is not None:
+        jvm_output.log.warning(
+            "class_archive_unused",
+            archive=refused,
+            reason="the jars changed since it was made: the driver starts slower",
+            remedy="python -m pipeline.session fetch <jars dir> makes it again",
+        )
     return session

@@ -171,5 +171,6 @@ def test_the_image_runs_the_product_and_every_line_is_json(
     assert all(c.mirror_rows > 0 for c in comparisons), comparisons
     for container in (ingest, source, pipeline):
         assert not_json(container.lines()) == [], container.log
+        assert container.count("class_archive_unused") == 0, "the image's class archive is stale"
         # the Kubernetes manifests run both with a read-only root and /tmp an emptyDir
         assert container.written(began, ("/tmp", "/data")) == [], container.log

@@ -35,7 +35,9 @@ from pipeline.mirror import merge_into_mirror
 from pipeline.processor import output_schema
 from pipeline.state.checkpoint import CheckpointInUse, CheckpointLock, checkpoint_id
 from pipeline.state.registry import SchemaRegistry
+from runtime.jvm import CLASS_ARCHIVE
 from runtime.logs import null_logger
+from runtime.storage import jars_dir
 from tests.builders import ACCOUNTS, START, ChangeLog
 from tests.pipeline_runs import configure, image_of, mirror_rows, processed_three_ways, run
 
@@ -68,13 +70,20 @@ def seed(changelog: ChangeLog) -> None:
     changelog.land()
 
 
-def test_the_session_s_jvm_compiles_with_c1_only(spark) -> None:
-    """What bench/RESULTS.md measured ("The JVM's compiler") is what a session gets."""
+def test_the_session_s_jvm_compiles_with_c1_only_and_maps_the_class_archive(spark) -> None:
+    """What bench/RESULTS.md measured ("The JVM's compiler", "Spark's classes shared") is what
+    a session gets: C1 only, and the archive ``make jars`` made mapped into the driver (a JVM
+    that refused it, its jars changed, would run without it)."""
     jvm = spark._jvm
     diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
         jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
     )
     assert diagnostics.getVMOption("TieredStopAtLevel").getValue() == "1"
+    archive = jars_dir().resolve() / CLASS_ARCHIVE
+    assert diagnostics.getVMOption("SharedArchiveFile").getValue() == str(archive)
+    assert diagnostics.getVMOption("UseSharedSpaces").getValue() == "true"
+    pid = jvm.java.lang.ProcessHandle.current().pid()
+    assert str(archive) in Path(f"/proc/{pid}/maps").read_text(), "the archive is not mapped"
 
 
 def test_a_change_log_holding_only_a_new_jobs_empty_first_version_is_waited_on(

@@ -268,7 +268,7 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0][:500] if text.strip() else "unknown failure"
 
 
-def spark_session(spark: SparkSourceConfig, jvm_output: Callable[[str], None] | None = None) -> Any:
+def spark_session(spark: SparkSourceConfig, jvm_output: JvmLog | None = None) -> Any:
     """The driver's session: its checkpoint's object store, the emulator's address and the
     store's credentials forwarded to the executors (their tasks open Spanner and the store)."""
     forwarded = ("SPANNER_EMULATOR_HOST", "GOOGLE_CLOUD_SPANNER_MULTIPLEXED_SESSIONS")

@@ -1,0 +1,91 @@
+"""The class archive of Spark's driver (``runtime.jvm.CLASS_ARCHIVE``), made beside the jars.
+
+Java's class data sharing maps an archive of classes instead of loading them from jars, when the
+JVM's class path is the one the archive was made with. So the archive is made from what a driver
+really loads and the class path it really has: a session runs a small Delta job (a write, a
+MERGE, a read, a stream) with ``-XX:DumpLoadedClassList`` and reports its class path and module
+options; then ``java -Xshare:dump`` archives those classes with them. Classes of the jars added
+to a session (Delta's) are loaded by Spark's own class loader and stay out of the archive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from runtime.jvm import CLASS_ARCHIVE
+from runtime.storage import JARS_VARIABLE
+
+
+def make_archive(jars: Path) -> Path:
+    """The archive for the jars in ``jars`` (an earlier one replaced). In processes of their
+    own: a session's JVM options are fixed when it starts."""
+    archive = jars / CLASS_ARCHIVE
+    archive.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="class-archive-") as work:
+        class_list = Path(work) / "classes.lst"
+        command = [sys.executable, "-m", "pipeline.class_archive", "load", work, str(class_list)]
+        loaded = subprocess.run(
+            command,
+            env={**os.environ, JARS_VARIABLE: str(jars)},
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        driver = json.loads(loaded.stdout.strip().splitlines()[-1])
+        dump = [
+            _java(),
+            "-Xshare:dump",
+            f"-XX:SharedClassListFile={class_list}",
+            f"-XX:SharedArchiveFile={archive}",
+            *driver["modules"],
+            "-cp",
+            driver["classpath"],
+        ]
+        dumped = subprocess.run(dump, capture_output=True, text=True)
+    if dumped.returncode != 0 or not archive.is_file():
+        raise RuntimeError(f"java -Xshare:dump failed: {dumped.stdout[-2000:]}")
+    return archive
+
+
+def _java() -> str:
+    """The java that spark-submit starts: JAVA_HOME's, else the one on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    return str(Path(home) / "bin" / "java") if home else "java"
+
+
+def _load_classes(work: Path, class_list: Path) -> None:
+    """A driver's classes into ``class_list``: a Delta write, MERGE, read and stream; prints
+    the driver's class path and module options as JSON."""
+    from delta.tables import DeltaTable
+
+    from pipeline.session import build_session
+
+    options = f"-XX:DumpLoadedClassList={class_list}"
+    spark = build_session(
+        "class-archive", "local[1]", 1, extra={"spark.driver.extraJavaOptions": options}
+    )
+    table = str(work / "table")
+    spark.range(100).selectExpr("id", "id * 2 AS v").write.format("delta").save(table)
+    changes = spark.range(50, 150).selectExpr("id", "id * 3 AS v").alias("s")
+    merge = DeltaTable.forPath(spark, table).alias("t").merge(changes, "t.id = s.id")
+    merge.whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
+    spark.read.format("delta").load(table).count()
+    stream = spark.readStream.format("delta").load(table).writeStream
+    query = stream.foreachBatch(lambda frame, _: frame.count()).trigger(availableNow=True)
+    query.option("checkpointLocation", str(work / "checkpoint")).start().awaitTermination()
+    jvm = spark._jvm
+    arguments = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+    modules = [str(a) for a in arguments if str(a).startswith("--add-modules")]
+    print(json.dumps({"classpath": jvm.System.getProperty("java.class.path"), "modules": modules}))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["load"]:
+        sys.exit("usage: python -m pipeline.class_archive load WORK_DIR CLASS_LIST")
+    _load_classes(Path(sys.argv[2]), Path(sys.argv[3]))
