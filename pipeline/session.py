@@ -142,8 +142,9 @@ if __name__ == "__main__":
         _resolve_here(sys.argv[3:], Path(sys.argv[2]))
         sys.exit(0)
     if sys.argv[1:2] != ["fetch"]:
-        sys.exit("usage: python -m pipeline.session fetch [DIR] [--gcs] [--s3]")
-    arguments = [a for a in sys.argv[2:] if a not in ("--gcs", "--s3")]
+        usage = "python -m pipeline.session fetch [DIR] [--gcs] [--s3] [--no-class-archive]"
+        sys.exit(f"usage: {usage}")
+    arguments = [a for a in sys.argv[2:] if not a.startswith("--")]
     target = (Path(arguments[0]) if arguments else jars_dir()).resolve()
     target.mkdir(parents=True, exist_ok=True)
     fetched = fetch_jars(target)
@@ -157,6 +158,7 @@ if __name__ == "__main__":
         (target / "s3").mkdir(exist_ok=True)
         fetched += fetch_s3_jars(target / "s3")
     print(f"{len(fetched)} jars in {target}")
-    from pipeline.class_archive import make_archive
+    if "--no-class-archive" not in sys.argv:
+        from pipeline.class_archive import make_archive
 
-    print(f"class archive {make_archive(target)}")
+        print(f"class archive {make_archive(target)}")
