@@ -24,7 +24,7 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         r"ratio service/bare: \d+\.\d\d",
     ),
     "commit_to_mirror.py": (
-        ["--rates", "20", "--seconds", "20", "--warmup", "60", "--partitions", "6"],
+        ["--rates", "20", "--seconds", "10", "--warmup", "30", "--partitions", "6"],
         r"^20\t\d+\t(\d+)\t\1\t\d+\t[\d.]+\t[\d.]+/[\d.]+\t",
     ),
     "microbatch_profile.py": (
@@ -41,7 +41,7 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         r"^50\tspark local\[1\]\t[1-9]\d*\t[\d.]+\t[\d.]+\t[\d.]+\t[\d.]+$",
     ),
     "mirror_latency.py": (
-        ["--seconds", "20", "--existing-rows", "20", "--cases", "5:driver:s3"],
+        ["--seconds", "10", "--existing-rows", "20", "--cases", "5:driver:s3"],
         # on s3 the script also fails unless the mirrors equal Spanner at W
         r"^5\tdriver\ts3\t[1-9]\d*\t\d+\t([\d.]+|-)/([\d.]+|-)\t([\d.]+|-)\t([\d.]+|-)\t",
     ),
