@@ -58,7 +58,7 @@ def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
     new_database, tmp_path: Path
 ) -> None:
     """The Spark source on a loopback standalone cluster (two workers of one core) against the
-    emulator churning partitions every 1 to 2 s, writes all along. The snapshot of 100,000 rows
+    emulator churning partitions every 5 to 10 s, writes all along. The snapshot of 100,000 rows
     over 3 tables read in key ranges by the executors, its driver killed -9 mid-snapshot and
     restarted: no range done at the kill is read again (counted), every row at T0 lands once.
     Then kill -9 of an executor while batches run, then of the driver (its JVM with it),
