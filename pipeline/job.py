@@ -50,7 +50,16 @@ from pipeline.user_processors.outputs import ensure_output, output_uri
 from runtime.errors import ReportedError
 
 Logger = structlog.typing.FilteringBoundLogger
-RESTART_MARKERS = (SOURCE_SCHEMA_CHANGED, STATE_ROUNDTRIP_MISMATCH, "ConcurrentAppendException")
+PYTHON_WORKER_LATE = "Python worker failed to connect back"
+"""A Python worker started slower than Spark waits for it (a host whose CPU is busy: seen with one
+core kept busy beside the suite); the batch did not commit, so the query starts again on the
+same checkpoint, like after the other markers, at most ``max_restarts`` times in a row."""
+RESTART_MARKERS = (
+    SOURCE_SCHEMA_CHANGED,
+    STATE_ROUNDTRIP_MISMATCH,
+    "ConcurrentAppendException",
+    PYTHON_WORKER_LATE,
+)
 
 
 class PipelineFailed(ReportedError, RuntimeError):

@@ -27,7 +27,7 @@ from pipeline import catalog as pipeline_catalog
 from pipeline.catalog import discover_shapes, scan
 from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
-from pipeline.job import PipelineFailed, run_pipeline
+from pipeline.job import PYTHON_WORKER_LATE, PipelineFailed, _restart_reason, run_pipeline
 from pipeline.landing import write_batch
 from pipeline.merges import commit_once
 from pipeline.metrics import PipelineMetrics
@@ -84,6 +84,20 @@ def test_the_session_s_jvm_compiles_with_c1_only_and_maps_the_class_archive(spar
     assert diagnostics.getVMOption("UseSharedSpaces").getValue() == "true"
     pid = jvm.java.lang.ProcessHandle.current().pid()
     assert str(archive) in Path(f"/proc/{pid}/maps").read_text(), "the archive is not mapped"
+
+
+def test_a_python_worker_that_started_late_restarts_the_query_a_bounded_number_of_times(
+    tmp_path: Path,
+) -> None:
+    """Seen under make test-under-load: the query failed with Spark's "Python worker failed to
+    connect back", which ended the job although nothing had committed."""
+    config = configure(tmp_path, max_restarts=2)
+    late = RuntimeError(f"[STREAM_FAILED] terminated with exception: {PYTHON_WORKER_LATE}.")
+    assert _restart_reason(late, 1, config) == PYTHON_WORKER_LATE
+    with pytest.raises(PipelineFailed, match=PYTHON_WORKER_LATE):
+        _restart_reason(late, 2, config)
+    with pytest.raises(PipelineFailed, match="something else"):
+        _restart_reason(RuntimeError("something else"), 0, config)
 
 
 def test_a_change_log_holding_only_a_new_jobs_empty_first_version_is_waited_on(
