@@ -135,7 +135,6 @@ class JvmLog:
 
     def __init__(self, log: Logger) -> None:
         self.log = log
-        self._log = log
         self._level = logging.INFO
 
     def __call__(self, line: str) -> None:
@@ -144,12 +143,12 @@ class JvmLog:
         header = LOG4J_LINE.match(line)
         if header is not None:
             self._level = _LEVELS[header.group(1)]
-            self._log.log(
+            self.log.log(
                 self._level, "jvm_output", logger=header.group(2), message=line[header.end() :]
             )
             return
         level = logging.DEBUG if WORKER_CHATTER.match(line) else self._level
-        self._log.log(level, "jvm_output", message=line)
+        self.log.log(level, "jvm_output", message=line)
 
 
 _LEVELS = {
