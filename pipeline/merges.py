@@ -207,20 +207,23 @@ def _conflict(error: BaseException | None) -> str | None:
     return next((name for name in RETRYABLE_CONFLICTS if name in text), None)
 
 
-def _is_retryable_conflict(error: BaseException) -> bool:
-    return _conflict(error) is not None
+def _is_retryable(error: BaseException) -> bool:
+    """A conflict, or the store's error (delta-rs raises ``OSError`` for a timed-out or cut
+    request): either may have left the batch's commit landed, which the next attempt finds."""
+    return isinstance(error, OSError) or _conflict(error) is not None
 
 
 def commit_once(table: str, commit: Callable[[], R], batch_id: int, log: Logger) -> R:
-    """A batch's commit to one table, retried after a conflict.
+    """A batch's commit to one table, retried after a conflict or the store's error.
 
     The conflict may be the batch's own commit whose answer the store lost: the store took the
     log file, delta-rs's retry of the put finds that version taken by a commit carrying the same
-    ``txn`` and reports a concurrent transaction. ``commit`` therefore first checks whether the
-    table holds the batch (``holds_batch``), and returns without writing when it does.
+    ``txn`` and reports a concurrent transaction. A put whose answer timed out may have landed
+    too. ``commit`` therefore first checks whether the table holds the batch (``holds_batch``),
+    and returns without writing when it does.
     """
     for attempt in Retrying(
-        retry=retry_if_exception(_is_retryable_conflict),
+        retry=retry_if_exception(_is_retryable),
         stop=stop_after_attempt(5),
         wait=wait_exponential_jitter(multiplier=0.2, max=5),
         before_sleep=functools.partial(_log_retry, log, table, batch_id),

@@ -280,6 +280,32 @@ def test_a_spark_merge_that_meets_a_user_s_maintenance_is_retried(
     assert len(merges) == 1
 
 
+def test_a_commit_whose_store_request_failed_is_tried_again_and_other_errors_are_not() -> None:
+    """delta-rs raises ``OSError`` for a store request that timed out (seen on S3 through the
+    faulty proxy: the PUT of a mirror's log file, whose answer was held past the 5 s timeout);
+    the batch is tried again (its commit finds a landed batch), anything else ends it."""
+    attempts: list[str] = []
+
+    def flaky() -> int:
+        attempts.append("flaky")
+        if len(attempts) == 1:
+            raise OSError("Generic S3 error: Error performing PUT ... operation timed out")
+        return 7
+
+    log = CapturingLogger()
+    assert commit_once("accounts", flaky, 3, log) == 7
+    retries = [call.kwargs for call in log.calls if call.args == ("batch_commit_retry",)]
+    assert len(attempts) == 2 and len(retries) == 1 and retries[0]["conflict"] is None
+
+    def broken() -> int:
+        attempts.append("broken")
+        raise ValueError("not a store error")
+
+    with pytest.raises(ValueError):
+        commit_once("accounts", broken, 3, log)
+    assert attempts.count("broken") == 1
+
+
 def _maintained_on_second_read(uri: str, maintenance: str, evaluations: str) -> Any:
     """A UDF passing its value through that runs the user's maintenance once, at the second
     evaluation of the batch (the first is the key list read before the MERGE takes its
