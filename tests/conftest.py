@@ -13,6 +13,7 @@ from google.cloud.spanner_v1.database import Database
 from emulator.bootstrap import bootstrap
 from emulator.omissions import REPORT_PROPERTY
 from emulator.server import EmulatorNotFound, RunningEmulator, emulator, find_emulator_binary
+from tests import cpu_use
 from tests.stalls import EmulatorStalled
 
 pytest_plugins = ["tests.pipeline_runs"]
@@ -54,7 +55,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Every missing transaction an emulator test classified this run, rerun or not."""
+    """Every missing transaction an emulator test classified this run, rerun or not; the tests
+    that cost the most CPU."""
+    _report_cpu(terminalreporter)
     omissions = [
         f"{report.nodeid}: {value}"
         for reports in terminalreporter.stats.values()
@@ -66,6 +69,43 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_sep("-", f"emulator omissions this run: {len(omissions)}")
     for line in omissions:
         terminalreporter.write_line(line)
+
+
+CPU_SAMPLER = pytest.StashKey[cpu_use.CpuSampler]()
+CPU_SINCE = pytest.StashKey[dict[cpu_use.Process, float]]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[CPU_SAMPLER] = cpu_use.CpuSampler().start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if CPU_SAMPLER in session.config.stash:
+        session.config.stash[CPU_SAMPLER].stop()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[CPU_SINCE] = item.config.stash[CPU_SAMPLER].mark()
+
+
+def _report_cpu(terminalreporter: pytest.TerminalReporter, shown: int = 15) -> None:
+    """The costliest tests by CPU (``tests.cpu_use``), beside ``--durations``' wall times."""
+    costs = sorted(
+        (
+            (float(str(value)), report.nodeid)
+            for reports in terminalreporter.stats.values()
+            for report in reports
+            if isinstance(report, pytest.TestReport) and report.when == "teardown"
+            for name, value in report.user_properties
+            if name == cpu_use.PROPERTY
+        ),
+        reverse=True,
+    )
+    total = sum(cost for cost, _ in costs)
+    terminalreporter.write_sep("-", f"CPU of the tests: {total:.0f} s; the {shown} costliest")
+    for cost, nodeid in costs[:shown]:
+        terminalreporter.write_line(f"{cost:8.1f} s  {nodeid}")
 
 
 @pytest.fixture
@@ -127,7 +167,11 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """A test that failed because the emulator stalled (``tests.stalls``) restarts it, so the
-    next tests meet a working one; the failure stands and says so."""
+    next tests meet a working one; the failure stands and says so. The teardown's report
+    carries the test's CPU seconds."""
+    if call.when == "teardown" and CPU_SINCE in item.stash:
+        spent = item.config.stash[CPU_SAMPLER].spent(item.stash[CPU_SINCE])
+        item.user_properties.append((cpu_use.PROPERTY, spent))
     report = yield
     if call.excinfo is not None and isinstance(call.excinfo.value, EmulatorStalled):
         for running in _STARTED:
