@@ -393,13 +393,15 @@ class ChangeApplier(StatefulProcessor):
 
     def _check_schema_rows(self, shape: TableShape | None, rows: Iterator[Row]) -> None:
         """Schema rows apply to no key; one showing a drop or an added column the shape lacks
-        restarts the job, which learns it (renews or adds the mirror column). A table no change
-        record carried yet has no shape."""
+        restarts the job, which learns it (renews or adds the mirror column), as does one of a
+        table the query started without (added to the stream since: its mirror is made)."""
         for row in rows:
+            if shape is None:
+                raise SourceSchemaChanged(
+                    f"{SOURCE_SCHEMA_CHANGED}: new table {row['table_name']!r}"
+                )
             watched = {c.name for c in self._columns(row["column_types"])}
-            if shape is not None and not shape.shows_no_new_drop(
-                row["commit_timestamp_text"], watched
-            ):
+            if not shape.shows_no_new_drop(row["commit_timestamp_text"], watched):
                 raise SourceSchemaChanged(
                     f"{SOURCE_SCHEMA_CHANGED}: table {shape.name!r} has dropped, unwatched or "
                     "added columns"

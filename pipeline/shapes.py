@@ -301,12 +301,14 @@ class _Seen:
         added to a table nobody writes since, or one whose records list changed columns only.
         Every row holds NULL there (an added column with a DEFAULT is read again by the ingest,
         whose snapshot rows carry it), so the mirror has it from the schema rows, with the type
-        of its newest listing (``intervals`` in the order of their last row)."""
+        of its newest listing (``intervals`` in the order of their last row). A table only
+        schema rows list yet (a new job's first version names every captured table before its
+        snapshot lands) has its shape from them, so the job's query starts with every table."""
         schema_only: dict[tuple[str, str], list[_Span]] = {}
         for interval in intervals:
-            known = self.columns.get(interval.table)
-            if not interval.schema or known is None:
+            if not interval.schema:
                 continue
+            known = self.columns.setdefault(interval.table, {})
             source = (interval.column_types, interval.every_column, interval.schema)
             for column in parse_column_types(interval.column_types):
                 if (interval.table, column.name) in self.spans:

@@ -161,12 +161,18 @@ def test_a_schema_row_adds_only_a_column_no_record_carried() -> None:
     assert back.dropped == ()
 
 
-def test_a_table_only_schema_rows_name_has_no_shape() -> None:
+def test_a_table_only_schema_rows_name_has_its_shape_from_them() -> None:
+    """A new job's first version names every captured table before its snapshot lands."""
     intervals = [
         Interval("t", column_types(a="STRING"), at(1), at(1), True),
-        Interval("quiet", column_types(a="STRING"), at(2), at(2), True, True),
+        Interval("quiet", column_types(a="INT64"), at(2), at(2), True, True),
     ]
-    assert sorted(merge_shapes(intervals)) == ["t"]
+    shapes = merge_shapes(intervals)
+    assert sorted(shapes) == ["quiet", "t"]
+    assert [(c.name, c.type["code"]) for c in shapes["quiet"].columns] == [
+        ("id", "INT64"),
+        ("a", "INT64"),
+    ]
 
 
 def test_a_newer_schema_row_lacking_a_live_column_is_learned_again() -> None:
@@ -272,7 +278,7 @@ def test_the_catalog_reads_drops_and_returns_from_the_change_log(tmp_path: Path)
 
 def test_the_catalog_reads_a_drop_from_a_schema_row(tmp_path: Path) -> None:
     """A NEW_VALUES stream: the update lists changed columns only, the schema row shows tier
-    gone; a table only schema rows name has no shape yet."""
+    gone; a table only schema rows name has its shape from them."""
     changelog = ChangeLog(str(tmp_path / "changelog"), value_capture_type="NEW_VALUES")
     with_tier = (
         ColumnType("id", {"code": "INT64"}, True, 1),
@@ -288,5 +294,6 @@ def test_the_catalog_reads_a_drop_from_a_schema_row(tmp_path: Path) -> None:
     assert discover_shapes(changelog.uri)["t"].dropped == ()
     changelog.land(watched={"t": (with_tier[0], with_tier[2]), "quiet": with_tier})
     shapes = discover_shapes(changelog.uri)
-    assert sorted(shapes) == ["t"]
+    assert sorted(shapes) == ["quiet", "t"]
     assert shapes["t"].dropped == (("tier", to_rfc3339(changelog.clock)),)
+    assert [c.name for c in shapes["quiet"].columns] == ["id", "tier", "a"]
