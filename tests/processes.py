@@ -15,6 +15,8 @@ from emulator.workload import CommittedTransaction, Workload, WorkloadConfig
 from ingest.model.timestamps import Nanos, to_rfc3339
 
 BANKING = dict(transfer_weight=1.0, all_types_weight=0.0, cleanup_weight=0.0)
+BANKING_TABLES = ("accounts", "transfers")
+"""The tables the BANKING workload writes (all_types stays empty, its mirror too)."""
 
 
 class Service(Process):
