@@ -75,10 +75,6 @@ CPU_SAMPLER = pytest.StashKey[cpu_use.CpuSampler]()
 CPU_SINCE = pytest.StashKey[dict[cpu_use.Process, float]]()
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    session.config.stash[CPU_SAMPLER] = cpu_use.CpuSampler().start()
-
-
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if CPU_SAMPLER in session.config.stash:
         session.config.stash[CPU_SAMPLER].stop()
@@ -86,6 +82,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The sampler starts with a process's first test: in a worker, never in xdist's controller,
+    whose descendants are every worker's processes and which runs no test."""
+    if CPU_SAMPLER not in item.config.stash:
+        item.config.stash[CPU_SAMPLER] = cpu_use.CpuSampler().start()
     item.stash[CPU_SINCE] = item.config.stash[CPU_SAMPLER].mark()
 
 
