@@ -43,8 +43,12 @@ S3_SDK_PACKAGES = tuple(
 
 def base_config(shuffle_partitions: int = 4) -> dict[str, str]:
     """The pipeline's own settings: Delta, the RocksDB state store with Avro state, the state's
-    partitions (frozen into a checkpoint on its first run)."""
+    partitions (frozen into a checkpoint on its first run), and Delta's log replayed in as many
+    partitions as the shuffle's, not Delta's 50: a session that reads, OPTIMIZEs or VACUUMs a
+    small table on two cores otherwise runs 50 tasks per replay (a VACUUM of a 60-version table
+    took 37 s with 50, 3.4 s with 2: bench/RESULTS.md, "The suite")."""
     return {
+        "spark.databricks.delta.snapshotPartitions": str(shuffle_partitions),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.streaming.stateStore.providerClass": (

@@ -72,13 +72,15 @@ def seed(changelog: ChangeLog) -> None:
 
 def test_the_session_s_jvm_compiles_with_c1_only_and_maps_the_class_archive(spark) -> None:
     """What bench/RESULTS.md measured ("The JVM's compiler", "Spark's classes shared") is what
-    a session gets: C1 only, and the archive ``make jars`` made mapped into the driver (a JVM
-    that refused it, its jars changed, would run without it)."""
+    a session gets: C1 only with a full-size code cache, and the archive ``make jars`` made
+    mapped into the driver (a JVM that refused it, its jars changed, would run without it)."""
     jvm = spark._jvm
     diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
         jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
     )
     assert diagnostics.getVMOption("TieredStopAtLevel").getValue() == "1"
+    code_cache = diagnostics.getVMOption("ReservedCodeCacheSize").getValue()
+    assert int(code_cache) == 240 << 20, "C1 alone would leave the client VM's 48 MB"
     archive = jars_dir().resolve() / CLASS_ARCHIVE
     assert diagnostics.getVMOption("SharedArchiveFile").getValue() == str(archive)
     assert diagnostics.getVMOption("UseSharedSpaces").getValue() == "true"
