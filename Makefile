@@ -18,13 +18,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-jars: .jars/.fetched
+jars: .jars/.fetched .jars/s3/.fetched
 
 # Delta jars for Spark, resolved once from Maven Central so nothing downloads at test or run time.
 # The class archive of Spark's driver is made beside them from the venv's Spark (runtime/jvm.py).
 .jars/.fetched: $(STAMP) pipeline/session.py pipeline/class_archive.py
-	$(PY) -m pipeline.session fetch .jars --s3
+	$(PY) -m pipeline.session fetch .jars
 	touch .jars/.fetched
+
+# S3A's jars into .jars/s3/, side by side with the above (they are not in the class archive).
+.jars/s3/.fetched: $(STAMP) pipeline/session.py
+	$(PY) -m pipeline.session fetch .jars --only-s3
+	touch .jars/s3/.fetched
 
 # The object store for the tests, built from the Go module proxy once into .tools/ (like the
 # jars): MinIO, the S3 API with conditional writes. (fake-gcs-server cannot take delta-rs's
