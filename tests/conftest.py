@@ -183,9 +183,14 @@ def pytest_runtest_makereport(
 
 @pytest.fixture(scope="module")
 def fast_churn_emulator(spanner_emulator: str) -> Iterator[str]:
-    """An emulator of the module's own whose partitions churn every 1 to 2 s."""
+    """An emulator of the module's own whose partitions churn every 1 to 2 s; restarted with
+    the worker's after a stall, like it."""
     with emulator(token_alive_seconds=FAST_CHURN_TOKEN_ALIVE_SECONDS) as running:
-        yield running.host_port
+        _STARTED.append(running)
+        try:
+            yield running.host_port
+        finally:
+            _STARTED.remove(running)
 
 
 @pytest.fixture

@@ -67,6 +67,30 @@ def triage(
     return AssertionError(f"{figures}; the product stalled (the emulator answered {asked})")
 
 
+def workload_failure(database: Any, error: Exception) -> AssertionError:
+    """The failure for a test's own workload whose Spanner call failed (the product holds no
+    read-write transaction): ``EmulatorStalled`` when a fresh client's trivial read or trivial
+    read-write transaction goes unanswered too (seen under load: every transaction ABORTED
+    behind one that a cut read had begun and nobody held), else the workload's own failure."""
+    _, project, _, instance, _, database_id = database.name.split("/")
+    fresh = spanner.Client(project=project).instance(instance).database(database_id)
+    said = f"the test's workload failed: {type(error).__name__}: {str(error)[:200]}"
+    questions: list[tuple[str, Callable[[], object]]] = [
+        ("a trivial read", lambda: _rows(fresh, "SELECT 1", {}, {})),
+        (
+            "a trivial read-write transaction",
+            lambda: fresh.run_in_transaction(
+                lambda t: list(t.execute_sql("SELECT 1")), timeout_secs=ANSWER_WITHIN_S
+            ),
+        ),
+    ]
+    for question, ask in questions:
+        failure = _unanswered(ask)
+        if failure is not None:
+            return EmulatorStalled(f"{said}; the emulator did not answer {question}: {failure}")
+    return AssertionError(f"{said}; the emulator answers a trivial read and read-write transaction")
+
+
 def _unanswered(ask: Any) -> str | None:
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     try:

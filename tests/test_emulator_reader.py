@@ -28,6 +28,7 @@ from tests.checks import (
     start_after_setup,
 )
 from tests.processes import tail_argv
+from tests.stalls import workload_failure
 
 
 def tail_while_committing(
@@ -77,7 +78,10 @@ def tail_while_committing(
                     rows_per_transaction=2,
                 ),
             )
-            committed = workload.run(threading.Event())
+            try:
+                committed = workload.run(threading.Event())
+            except api_exceptions.GoogleAPICallError as error:
+                raise workload_failure(database, error) from error
             seconds = time.monotonic() - began
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and len(read_json_lines(out)) < len(committed):

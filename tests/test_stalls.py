@@ -11,11 +11,12 @@ import signal
 from pathlib import Path
 
 import pytest
+from google.api_core.exceptions import Aborted
 
 from emulator.server import RunningEmulator
 from tests.checks import accounts_written_after_start
 from tests.processes import BANKING, Service, background_workload, wait_until_landed
-from tests.stalls import EmulatorStalled
+from tests.stalls import EmulatorStalled, workload_failure
 
 STALLED_AFTER_S = 10
 
@@ -49,11 +50,17 @@ def test_a_stopped_product_and_a_stopped_emulator_are_told_apart(
             wait_until_landed(
                 table, len(committed) + 2, STALLED_AFTER_S, service, [*committed, absent]
             )
+        # a test's own workload that failed is told apart the same way
+        failed = Aborted("a workload's transaction")
+        answered = workload_failure(database, failed)
+        assert not isinstance(answered, EmulatorStalled)
+        assert "the emulator answers a trivial read and read-write transaction" in str(answered)
         assert started_emulator.process is not None
         os.kill(started_emulator.process.pid, signal.SIGSTOP)
         try:
             with pytest.raises(EmulatorStalled, match="did not answer a trivial read"):
                 wait_until_landed(table, len(committed) + 10_000, STALLED_AFTER_S, service)
+            assert isinstance(workload_failure(database, failed), EmulatorStalled)
         finally:
             os.kill(started_emulator.process.pid, signal.SIGCONT)
     finally:
