@@ -82,8 +82,7 @@ def spark_settings(config: PipelineConfig) -> dict[str, str]:
     writer holds a row group in the JVM heap, and with 1 MiB values a MERGE's writers ran it out
     (tests/test_wide_rows.py).
 
-    Delta's log replay runs in as many partitions as the job's shuffle, not Delta's default 50: on
-    two cores the change log's first snapshot took 15 s with 50, 3 s with 2 (bench/RESULTS.md).
+    Delta's log replay follows the session's shuffle partitions (``session.base_config``).
     """
     return {
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
@@ -93,7 +92,6 @@ def spark_settings(config: PipelineConfig) -> dict[str, str]:
         "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
         "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
-        "spark.databricks.delta.snapshotPartitions": str(config.effective_shuffle_partitions),
         "spark.sql.streaming.stateStore.valueStateSchemaEvolutionThreshold": str(
             config.max_evolutions_per_variable
         ),

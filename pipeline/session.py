@@ -44,9 +44,9 @@ S3_SDK_PACKAGES = tuple(
 def base_config(shuffle_partitions: int = 4) -> dict[str, str]:
     """The pipeline's own settings: Delta, the RocksDB state store with Avro state, the state's
     partitions (frozen into a checkpoint on its first run), and Delta's log replayed in as many
-    partitions as the shuffle's, not Delta's 50: a session that reads, OPTIMIZEs or VACUUMs a
-    small table on two cores otherwise runs 50 tasks per replay (a VACUUM of a 60-version table
-    took 37 s with 50, 3.4 s with 2: bench/RESULTS.md, "The suite")."""
+    partitions as the shuffle's, not Delta's 50: on two cores the change log's first snapshot
+    took 15 s with 50, 3 s with 2, and a VACUUM of a 60-version table 37 s and 3.4 s
+    (bench/RESULTS.md, "Where one micro-batch's seconds went" and "The suite")."""
     return {
         "spark.databricks.delta.snapshotPartitions": str(shuffle_partitions),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",

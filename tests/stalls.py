@@ -59,10 +59,8 @@ def triage(
                 lambda: _read(database, stream, token, resume),
             )
         )
-    for question, ask in questions:
-        failure = _unanswered(ask)
-        if failure is not None:
-            return EmulatorStalled(f"{figures}; the emulator did not answer {question}: {failure}")
+    if unanswered := _first_unanswered(questions):
+        return EmulatorStalled(f"{figures}; the emulator did not answer {unanswered}")
     asked = " and ".join(question for question, _ in questions)
     return AssertionError(f"{figures}; the product stalled (the emulator answered {asked})")
 
@@ -84,11 +82,19 @@ def workload_failure(database: Any, error: Exception) -> AssertionError:
             ),
         ),
     ]
+    if unanswered := _first_unanswered(questions):
+        return EmulatorStalled(f"{said}; the emulator did not answer {unanswered}")
+    return AssertionError(f"{said}; the emulator answers a trivial read and read-write transaction")
+
+
+def _first_unanswered(questions: list[tuple[str, Callable[[], object]]]) -> str:
+    """"<question>: <what went wrong>" for the first question the emulator did not answer, asked
+    in order; empty when it answered them all."""
     for question, ask in questions:
         failure = _unanswered(ask)
         if failure is not None:
-            return EmulatorStalled(f"{said}; the emulator did not answer {question}: {failure}")
-    return AssertionError(f"{said}; the emulator answers a trivial read and read-write transaction")
+            return f"{question}: {failure}"
+    return ""
 
 
 def _unanswered(ask: Any) -> str | None:
