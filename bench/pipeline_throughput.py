@@ -4,6 +4,13 @@
 - ``pandas``: the same processor behind transformWithStateInPandas.
 - ``stateless``: no state; each micro-batch keeps the newest change per key (a window) and runs
   the same MERGE. It is not a correct mirror for partial updates or replays; it prices the state.
+- ``memory``: the job's processor with its state kept in the Python worker's memory instead of
+  Spark's state server (correct here only because each key stays in one worker): what the
+  state-server calls cost, against ``row``.
+- ``operator``: the same transformWithState over the same groups, with a processor that reads its
+  rows and returns nothing: what Spark's operator costs per group before any state call.
+- ``read-first``: the job's processor made to read every key in its first batch too (a seeded
+  store's first batch), against ``row``, which knows batch 0 of an unseeded store is empty.
 
 Each size lands a synthetic change log (one table, INSERT then UPDATEs of random keys, 10 mods
 per transaction) through the real ingest sink in ``--batches`` versions, read one version per
@@ -142,6 +149,46 @@ class PandasChangeApplier(ChangeApplier):
         return values
 
 
+class _MemoryValue:
+    """A value state kept in a dict of the worker, keyed by the processor's current key."""
+
+    def __init__(self, owner: MemoryChangeApplier) -> None:
+        self.values: dict[Any, Any] = {}
+        self.owner = owner
+
+    def get(self) -> Any:
+        return self.values.get(self.owner.current)
+
+    def update(self, value: Any) -> None:
+        self.values[self.owner.current] = value
+
+    def clear(self) -> None:
+        self.values.pop(self.owner.current, None)
+
+
+class MemoryChangeApplier(ChangeApplier):
+    """The job's processor, its entries and tombstones in the worker's memory: no state calls."""
+
+    def init(self, handle: Any) -> None:
+        super().init(handle)
+        self.current: Any = None
+        self.entries = {table: _MemoryValue(self) for table in self.entries}  # type: ignore[misc]
+        self.tombstone = _MemoryValue(self)  # type: ignore[assignment]
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+        self.current = key
+        return super().handleInputRows(key, rows, timerValues)
+
+
+class RowsOnly(ChangeApplier):
+    """Reads a group's rows and returns nothing: Spark's operator alone."""
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+        for _ in rows:
+            pass
+        return iter(())
+
+
 def newest_change_per_key(batch: DataFrame, shapes: dict[str, Any]) -> DataFrame:
     """The stateless baseline's whole logic: the last change of each key in this batch wins."""
     order = Window.partitionBy("table_name", "keys").orderBy(
@@ -178,6 +225,13 @@ def newest_change_per_key(batch: DataFrame, shapes: dict[str, Any]) -> DataFrame
             F.col("mod_index").cast("int").alias("mod_index"),
         ).alias("last_applied"),
     )
+
+
+ROW_PROCESSORS: dict[str, Callable[[Any], ChangeApplier]] = {
+    "memory": MemoryChangeApplier,
+    "operator": RowsOnly,
+    "read-first": lambda shapes: ChangeApplier(shapes, seeded=True),
+}
 
 
 def available_now(changelog: str, work: Path, **overrides: Any) -> PipelineConfig:
@@ -218,12 +272,19 @@ def run_variant(spark: Any, variant: str, changelog: str, work: Path) -> dict[st
         query = start_query(spark, config, plan, JobStats(), log, PipelineMetrics())
     else:
         changes = read_changes(spark, config).select(*INPUT_COLUMNS)
+        grouped = changes.groupBy("table_name", "keys")
         if variant == "pandas":
-            applied = changes.groupBy("table_name", "keys").transformWithStateInPandas(
+            applied = grouped.transformWithStateInPandas(
                 PandasChangeApplier(plan.shapes),
                 output_schema(plan.shapes),
                 "Update",
                 "ProcessingTime",
+            )
+            sink = applied.writeStream.foreachBatch(merge(lambda b: b))
+        elif variant in ROW_PROCESSORS:
+            processor = ROW_PROCESSORS[variant](plan.shapes)
+            applied = grouped.transformWithState(
+                processor, output_schema(plan.shapes), "Update", "ProcessingTime"
             )
             sink = applied.writeStream.foreachBatch(merge(lambda b: b))
         else:
@@ -238,6 +299,7 @@ def run_variant(spark: Any, variant: str, changelog: str, work: Path) -> dict[st
     query.awaitTermination()
     seconds = time.monotonic() - started
     progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    store = [o["customMetrics"] for p in progress for o in p["stateOperators"]]
     batch_ms = sorted(p["durationMs"]["triggerExecution"] for p in progress)
     state_bytes = sum(
         f.stat().st_size for f in (work / "checkpoint" / "state").rglob("*") if f.is_file()
@@ -251,6 +313,8 @@ def run_variant(spark: Any, variant: str, changelog: str, work: Path) -> dict[st
         "batch_ms_p50": batch_ms[len(batch_ms) // 2] if batch_ms else 0,
         "batch_ms_max": batch_ms[-1] if batch_ms else 0,
         "state_mib": state_bytes / 2**20,
+        "state_reads": sum(m.get("rocksdbGetCount", 0) for m in store),
+        "state_writes": sum(m.get("rocksdbPutCount", 0) for m in store),
         "mirror_rows": mirror.count(),
     }
 
@@ -278,7 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores, local[2], "
         f"shuffle partitions {args.shuffle_partitions}, {args.batches} micro-batches per run"
     )
-    print("rows\tkeys\tvariant\trows/s\tseconds\tbatches\tbatch p50 ms\tbatch max ms\tstate MiB")
+    print(
+        "rows\tkeys\tvariant\trows/s\tseconds\tbatches\tbatch p50 ms\tbatch max ms\tstate MiB\t"
+        "state reads\tstate writes"
+    )
     for size in args.sizes.split(","):
         rows, keys = (int(v) for v in size.split(":"))
         changelog = str(root / f"changelog-{rows}-{keys}")
@@ -289,11 +356,12 @@ def main(argv: list[str] | None = None) -> int:
             work = root / f"{variant}-{rows}-{keys}"
             result = run_variant(spark, variant, changelog, work)
             assert result["input_rows"] == rows, result
-            assert result["mirror_rows"] == keys, result
+            assert result["mirror_rows"] == (0 if variant == "operator" else keys), result
             print(
                 f"{rows}\t{keys}\t{variant}\t{rows / result['seconds']:,.0f}\t"
                 f"{result['seconds']:.1f}\t{result['batches']}\t{result['batch_ms_p50']:,}\t"
-                f"{result['batch_ms_max']:,}\t{result['state_mib']:.1f}",
+                f"{result['batch_ms_max']:,}\t{result['state_mib']:.1f}\t"
+                f"{result['state_reads']:,}\t{result['state_writes']:,}",
                 flush=True,
             )
             shutil.rmtree(work, ignore_errors=True)

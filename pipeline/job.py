@@ -135,16 +135,19 @@ def start_query(
         legacy_variables(plan.deployment.schemas),
         plan.kept,
     )
-    log_rows = read_changes(spark, config, generation.starting_version)
-    if plan.processors:
-        processor: ChangeApplier = ChangeApplierWithProcessors(plan.processors, *arguments)
-        changes = routed(log_rows, plan.processors)
-    else:
-        processor = ChangeApplier(*arguments)
-        changes = log_rows.select(*INPUT_COLUMNS)
     seed = None
     if generation.seed_uri is not None and not generations.has_committed(generation):
         seed = spark.read.parquet(generation.seed_uri).groupBy("table_name", "keys")
+    seeded = seed is not None
+    log_rows = read_changes(spark, config, generation.starting_version)
+    if plan.processors:
+        processor: ChangeApplier = ChangeApplierWithProcessors(
+            plan.processors, *arguments, seeded=seeded
+        )
+        changes = routed(log_rows, plan.processors)
+    else:
+        processor = ChangeApplier(*arguments, seeded=seeded)
+        changes = log_rows.select(*INPUT_COLUMNS)
     applied = changes.groupBy("table_name", "keys").transformWithState(
         processor,
         job_output_schema(plan.shapes, plan.kept, plan.processors),

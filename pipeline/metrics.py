@@ -1,7 +1,8 @@
 """Prometheus metrics of the pipeline, served at ``/metrics`` on ``metrics_port``.
 
 Three feeds, each where the fact is known: Spark's ``StreamingQueryListener`` (micro-batches,
-their duration, change-log rows read, state rows, change-log files still to read), the batch
+their duration, change-log rows read, state rows, reads and writes, change-log files still to
+read), the batch
 function (rows merged per mirror, the newest Spanner commit applied), and the job loop (query
 restarts by reason, the state schema deployment running). Freshness is computed when Prometheus
 scrapes. One registry per process, no global state; labels are table names and restart reasons
@@ -65,26 +66,7 @@ class PipelineMetrics:
         self.wall_clock, self.monotonic = wall_clock, monotonic
         self.newest_commit: Nanos | None = None
         self.batch_started_at: float | None = None
-        self.batches = Counter(
-            "pipeline_batches", "Micro-batches the query completed", registry=registry
-        )
-        self.batch_duration = Histogram(
-            "pipeline_batch_duration_seconds",
-            "Micro-batch duration: read, transformWithState, MERGE into the mirrors",
-            buckets=BATCH_DURATION_BUCKETS,
-            registry=registry,
-        )
-        self.input_rows = Counter(
-            "pipeline_input_rows", "Change-log rows the query read", registry=registry
-        )
-        self.state_rows = Gauge(
-            "pipeline_state_rows", "Keys held in the RocksDB state store", registry=registry
-        )
-        self.files_outstanding = Gauge(
-            "pipeline_changelog_files_outstanding",
-            "Change-log data files not read yet, as of the last micro-batch",
-            registry=registry,
-        )
+        self._add_progress_metrics(registry)
         self.rows_merged = Counter(
             "pipeline_rows_merged", "Keys merged into a mirror table", ["table"], registry=registry
         )
@@ -114,6 +96,40 @@ class PipelineMetrics:
             "pipeline_query_running", "1 while the streaming query runs", registry=registry
         )
         self.registry.register(_ScrapeCollector(self))
+
+    def _add_progress_metrics(self, registry: CollectorRegistry) -> None:
+        """What Spark's query progress feeds (``progress``)."""
+        self.batches = Counter(
+            "pipeline_batches", "Micro-batches the query completed", registry=registry
+        )
+        self.batch_duration = Histogram(
+            "pipeline_batch_duration_seconds",
+            "Micro-batch duration: read, transformWithState, MERGE into the mirrors",
+            buckets=BATCH_DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.input_rows = Counter(
+            "pipeline_input_rows", "Change-log rows the query read", registry=registry
+        )
+        self.state_rows = Gauge(
+            "pipeline_state_rows", "Keys held in the RocksDB state store", registry=registry
+        )
+        self.state_reads = Counter(
+            "pipeline_state_reads",
+            "Reads of the RocksDB state store (Spark's rocksdbGetCount): with the writes, what "
+            "a key costs (docs/pipeline.md, Cost of a key)",
+            registry=registry,
+        )
+        self.state_writes = Counter(
+            "pipeline_state_writes",
+            "Writes to the RocksDB state store (Spark's rocksdbPutCount)",
+            registry=registry,
+        )
+        self.files_outstanding = Gauge(
+            "pipeline_changelog_files_outstanding",
+            "Change-log data files not read yet, as of the last micro-batch",
+            registry=registry,
+        )
 
     def query_started(self, deployment: int) -> None:
         self.query_running.set(1)
@@ -146,6 +162,9 @@ class PipelineMetrics:
         self.batches.inc()
         self.input_rows.inc(progress.numInputRows)
         self.state_rows.set(sum(s.numRowsTotal for s in progress.stateOperators))
+        store = [s.customMetrics for s in progress.stateOperators]
+        self.state_reads.inc(sum(m.get("rocksdbGetCount", 0) for m in store))
+        self.state_writes.inc(sum(m.get("rocksdbPutCount", 0) for m in store))
         outstanding = [s.metrics.get("numFilesOutstanding") for s in progress.sources]
         if outstanding and all(o is not None for o in outstanding):
             self.files_outstanding.set(sum(int(o) for o in outstanding))

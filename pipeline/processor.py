@@ -51,6 +51,9 @@ from pipeline.state.variables import (
 )
 from pipeline.values import mirror_value, spark_value, state_from_seed, state_value
 
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+"""Spark's local property naming the micro-batch a task runs (its Python workers see it too).
+Internal to Spark: where it is missing, no batch is taken for the first."""
 SOURCE_SCHEMA_CHANGED = "SOURCE_SCHEMA_CHANGED"
 STATE_ROUNDTRIP_MISMATCH = "STATE_ROUNDTRIP_MISMATCH"
 ROW_NOT_APPLICABLE = "ROW_NOT_APPLICABLE"
@@ -166,8 +169,10 @@ class ChangeApplier(StatefulProcessor):
         tombstone_ttl_ms: int = 86_400_000,
         legacy: Mapping[str, T.StructType] | None = None,
         history: frozenset[str] = frozenset(),
+        seeded: bool = True,
     ) -> None:
         self.shapes = dict(shapes)
+        self.seeded = seeded
         self.deleted_variables = deleted_variables
         self.added_fields = dict(added_fields or {})
         self.tombstone_ttl_ms = tombstone_ttl_ms
@@ -191,6 +196,7 @@ class ChangeApplier(StatefulProcessor):
         self.fixed_fields = {
             table: shape.fixed_state_fields() for table, shape in self.shapes.items()
         }
+        self.state_empty = state_starts_empty(self.seeded)
         self.columns_cache: dict[str, list[ColumnType]] = {}
         self.covered: dict[tuple[str, str, bool, bool], bool] = {}
 
@@ -345,7 +351,10 @@ class ChangeApplier(StatefulProcessor):
 
     def _read_entry(self, table: str) -> _Entry:
         """The key's entry: one state-server call for a key seen before, then layout 2's
-        variables for a key not moved yet, then the tombstone of a deleted key."""
+        variables for a key not moved yet, then the tombstone of a deleted key. None of them in
+        the first batch of an unseeded state store, which holds nothing."""
+        if self.state_empty:
+            return _Entry(None, None, dict.fromkeys(CHANGE_STATS.fieldNames()), "")
         value = self.entries[table].get()
         if value is not None:
             image, marker, stats = value
@@ -489,6 +498,17 @@ class ChangeApplier(StatefulProcessor):
             raise StateRoundTripMismatch(
                 f"{STATE_ROUNDTRIP_MISMATCH}: {variable} fields {lost} read back None"
             )
+
+
+def state_starts_empty(seeded: bool) -> bool:
+    """Whether this task runs batch 0 of a state store without a seed: Spark loads its version 0,
+    empty, so reading a key can only find nothing (two state-server calls a new key saves)."""
+    if seeded:
+        return False
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context is not None and context.getLocalProperty(BATCH_ID_PROPERTY) == "0"
 
 
 def _add_version(

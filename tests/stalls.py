@@ -88,7 +88,7 @@ def workload_failure(database: Any, error: Exception) -> AssertionError:
 
 
 def _first_unanswered(questions: list[tuple[str, Callable[[], object]]]) -> str:
-    """"<question>: <what went wrong>" for the first question the emulator did not answer, asked
+    """ "<question>: <what went wrong>" for the first question the emulator did not answer, asked
     in order; empty when it answered them all."""
     for question, ask in questions:
         failure = _unanswered(ask)

@@ -12,7 +12,14 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         r"^processor\t[\d,]+\t[\d.]+\t\d+\.\d\d\t\d+\.\d\d$",
     ),
     "pipeline_throughput.py": (
-        ["--sizes", "600:60", "--batches", "2", "--variants", "row,stateless"],
+        [
+            "--sizes",
+            "600:60",
+            "--batches",
+            "2",
+            "--variants",
+            "row,stateless,memory,operator,read-first",
+        ],
         r"^600\t60\tstateless\t[\d,]+\t",
     ),
     "mirror_size_end_to_end.py": (
