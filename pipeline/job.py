@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 
 from pipeline.batch_writer import BatchWriter, JobStats
-from pipeline.catalog import version_holding
+from pipeline.catalog import changelog_version, version_holding
 from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
 from pipeline.deployment import Plan, only_limits, plan_deployment
@@ -35,7 +35,7 @@ from pipeline.processor import (
     ChangeApplier,
 )
 from pipeline.rebase import rebase_from_the_changelog
-from pipeline.state import generations
+from pipeline.state import cut, generations
 from pipeline.state.checkpoint import (
     CheckpointLock,
     CheckpointLockLost,
@@ -197,15 +197,21 @@ def _deliver_pending_events(spark: Any) -> None:
         context._jsc.sc().listenerBus().waitUntilEmpty(10_000)
 
 
-def _await(query: Any, stop: threading.Event, *interrupts: threading.Event) -> BaseException | None:
-    """Until the query ends, fails (its error) or ``stop`` or one of ``interrupts`` is set (stop
-    it). A JVM gone once ``stop`` is set went down with the same signal (systemd's default
-    control-group kill reaches every process): a stop, the batch in flight replayed next time."""
+def _await(
+    query: Any,
+    stop: threading.Event,
+    *interrupts: threading.Event,
+    drained: Callable[[], bool] = lambda: False,
+) -> BaseException | None:
+    """Until the query ends, fails (its error), ``drained`` holds or ``stop`` or one of
+    ``interrupts`` is set (stop it). A JVM gone once ``stop`` is set went down with the same
+    signal (systemd's default control-group kill reaches every process): a stop, the batch in
+    flight replayed next time."""
     from py4j.protocol import Py4JError
     from pyspark.errors import StreamingQueryException
 
     try:
-        while not any(event.is_set() for event in (stop, *interrupts)):
+        while not any(event.is_set() for event in (stop, *interrupts)) and not drained():
             if query.awaitTermination(0.5):
                 return None
         query.stop()
@@ -242,9 +248,10 @@ def run_pipeline(
     A restart (a schema change, a conflict) counts against ``max_restarts`` only while no batch
     lands between restarts: a long-running job meets many schema changes over its life.
 
-    Setting ``drain`` turns a continuous run into an available-now one on the same session:
-    the job processes what the change log holds at that moment, then returns, so whoever
-    stopped the writers knows the mirrors have caught up (``make run``, a planned upgrade).
+    Setting ``drain`` ends a continuous run once the mirrors hold what the change log held at
+    that moment, on the running query (set before a query starts, that query runs
+    available-now), so whoever stopped the writers knows the mirrors have caught up (``make
+    run``, a planned upgrade).
     """
     drain = drain or threading.Event()
     metrics = metrics or PipelineMetrics()
@@ -266,7 +273,7 @@ def run_pipeline(
                 metrics.rebases.inc()
                 continue
             if not plan.shapes:
-                if config.trigger == "available-now":
+                if config.trigger == "available-now" or drain.is_set():
                     log.info("pipeline_no_changes", changelog=config.changelog_uri)
                     return stats
                 stop.wait(config.trigger_interval_s or 1.0)
@@ -274,17 +281,14 @@ def run_pipeline(
             _prepare(session(), running, plan, log)
             if drain.is_set() and config.trigger != "available-now":
                 config, running = _draining(config, log), _draining(running, None)
-            finishing = config.trigger == "available-now"
-            interrupts = (stop, lock.lost_event) if finishing else (stop, drain, lock.lost_event)
             query = start_query(
                 session(), running, plan, stats, log, metrics, generation, lock.check_held
             )
-            error = _watch(query, plan, generation, interrupts, metrics, log)
+            drained = _Drain(drain, config, log)
+            error = _watch(query, plan, generation, (stop, lock.lost_event), drained, metrics, log)
             if lock.lost:
                 raise CheckpointLockLost(f"pipeline {config.job_id} lost its checkpoint's lease")
             if error is None:
-                if not finishing and drain.is_set() and not stop.is_set():
-                    continue
                 break
             restarts.record(error, stats, config, metrics, log)
     return stats
@@ -314,6 +318,27 @@ def _draining(config: PipelineConfig, log: Logger | None) -> PipelineConfig:
     return replace(config, trigger="available-now")
 
 
+@dataclass
+class _Drain:
+    """Whether a drain asked of a running query is done: the change log's newest version when it
+    was asked is wholly in the mirrors (their cut, recorded after each batch's MERGEs; Spark
+    runs a batch of no rows to pass versions that add none)."""
+
+    requested: threading.Event
+    config: PipelineConfig
+    log: Logger
+    target: int | None = None
+
+    def __call__(self) -> bool:
+        if not self.requested.is_set() or self.config.trigger == "available-now":
+            return False
+        if self.target is None:
+            self.target = changelog_version(self.config.changelog_uri)
+            self.log.info("pipeline_draining", through_version=self.target)
+        reached = cut.read(self.config.mirror_root)
+        return reached is not None and reached.starting_version > self.target
+
+
 def _rebase_before_limit(
     refused: StateSchemaError, config: PipelineConfig, session: Callable[[], Any], log: Logger
 ) -> None:
@@ -337,6 +362,7 @@ def _watch(
     plan: Plan,
     generation: Generation,
     interrupts: tuple[threading.Event, ...],
+    drained: Callable[[], bool],
     metrics: PipelineMetrics,
     log: Logger,
 ) -> BaseException | None:
@@ -349,7 +375,7 @@ def _watch(
         deployment=plan.deployment.number,
         guarded_fields={k: list(v) for k, v in plan.guarded_fields.items()},
     )
-    error = _await(query, *interrupts)
+    error = _await(query, *interrupts, drained=drained)
     metrics.query_ended()
     return error
 

@@ -437,6 +437,43 @@ def test_a_drain_turns_a_continuous_run_into_one_that_ends(spark, tmp_path: Path
     assert mirror_rows(spark, config)[1]["balance"] == 90
 
 
+def test_a_drain_of_a_running_query_ends_it_once_the_mirrors_hold_the_change_log(
+    spark, tmp_path: Path
+) -> None:
+    """SIGUSR1 while the query runs: no second query, the run returns once the mirrors hold
+    every version the change log had when the drain was asked."""
+    config = configure(tmp_path, trigger="continuous", trigger_interval_s=0.2)
+    changelog = ChangeLog(config.changelog_uri)
+    seed(changelog)
+    metrics, log = PipelineMetrics(), CapturingLogger()
+    drain, stop = threading.Event(), threading.Event()
+    finished: list[batch_writer.JobStats] = []
+    runner = threading.Thread(
+        target=lambda: finished.append(
+            run_pipeline(config, log, stop, lambda: spark, drain, metrics)
+        )
+    )
+    runner.start()
+    try:
+        deadline = time.monotonic() + 240
+        while not metrics.registry.get_sample_value("pipeline_batches_total"):
+            assert runner.is_alive() and time.monotonic() < deadline, "no first batch"
+            time.sleep(0.1)
+        for key in range(10, 14):
+            changelog.commit(("accounts", "INSERT", {"account_id": str(key)}, {"owner": "x"}))
+            changelog.land()
+        drain.set()
+        runner.join(timeout=240)
+    finally:
+        stop.set()
+        runner.join()
+    assert finished, "the drained run never ended"
+    events = [call.args[0] for call in log.calls]
+    assert events.count("pipeline_query_started") == 1, events
+    assert "pipeline_draining" in events
+    assert set(mirror_rows(spark, config)) == {1, 3, 10, 11, 12, 13}
+
+
 @pytest.mark.parametrize("local_merge_max_rows", [1000, 0])
 def test_a_null_key_is_one_mirror_row_whichever_way_merges_it(
     spark, tmp_path: Path, local_merge_max_rows: int
