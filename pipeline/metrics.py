@@ -114,15 +114,11 @@ class PipelineMetrics:
         self.state_rows = Gauge(
             "pipeline_state_rows", "Keys held in the RocksDB state store", registry=registry
         )
-        self.state_reads = Counter(
-            "pipeline_state_reads",
-            "Reads of the RocksDB state store (Spark's rocksdbGetCount): with the writes, what "
-            "a key costs (docs/pipeline.md, Cost of a key)",
-            registry=registry,
-        )
-        self.state_writes = Counter(
-            "pipeline_state_writes",
-            "Writes to the RocksDB state store (Spark's rocksdbPutCount)",
+        self.state_store = Counter(
+            "pipeline_state_store_operations",
+            "Reads and writes of the RocksDB state store (Spark's rocksdbGetCount and "
+            "rocksdbPutCount): what a key costs (docs/pipeline.md, What a key costs)",
+            labelnames=["operation"],
             registry=registry,
         )
         self.files_outstanding = Gauge(
@@ -163,8 +159,8 @@ class PipelineMetrics:
         self.input_rows.inc(progress.numInputRows)
         self.state_rows.set(sum(s.numRowsTotal for s in progress.stateOperators))
         store = [s.customMetrics for s in progress.stateOperators]
-        self.state_reads.inc(sum(m.get("rocksdbGetCount", 0) for m in store))
-        self.state_writes.inc(sum(m.get("rocksdbPutCount", 0) for m in store))
+        for operation, metric in (("read", "rocksdbGetCount"), ("write", "rocksdbPutCount")):
+            self.state_store.labels(operation).inc(sum(m.get(metric, 0) for m in store))
         outstanding = [s.metrics.get("numFilesOutstanding") for s in progress.sources]
         if outstanding and all(o is not None for o in outstanding):
             self.files_outstanding.set(sum(int(o) for o in outstanding))

@@ -184,12 +184,15 @@ def test_a_new_job_s_first_batch_reads_no_key_and_later_batches_read_each_once(
     changelog.land()
     metrics = PipelineMetrics()
 
-    def value(name: str) -> float:
-        return metrics.registry.get_sample_value(name) or 0.0
+    def value(operation: str) -> float:
+        sample = metrics.registry.get_sample_value(
+            "pipeline_state_store_operations_total", {"operation": operation}
+        )
+        return sample or 0.0
 
     run_pipeline(config, null_logger(), threading.Event(), lambda: spark, metrics=metrics)
-    first_reads = value("pipeline_state_reads_total")
-    first_writes = value("pipeline_state_writes_total")
+    first_reads = value("read")
+    first_writes = value("write")
     assert first_writes == 40 and first_reads == first_writes, (first_reads, first_writes)
 
     changelog.commit(
@@ -197,8 +200,8 @@ def test_a_new_job_s_first_batch_reads_no_key_and_later_batches_read_each_once(
     )
     changelog.land()
     run_pipeline(config, null_logger(), threading.Event(), lambda: spark, metrics=metrics)
-    reads = value("pipeline_state_reads_total") - first_reads
-    writes = value("pipeline_state_writes_total") - first_writes
+    reads = value("read") - first_reads
+    writes = value("write") - first_writes
     assert writes == 40 and reads == 2 * writes, (reads, writes)
     assert {k: v["balance"] for k, v in mirror_rows(spark, config).items()} == dict.fromkeys(
         range(1, 41), 0
