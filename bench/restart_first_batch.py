@@ -6,14 +6,16 @@ landed through the real ingest sink (``--keys`` keys INSERTed, then UPDATEs; 10 
 transaction) until it has merged a batch of each new version; then it is killed with SIGKILL, one
 version more is landed, and it is started again on the same checkpoint and mirrors. Each restart
 is timed from the new process's start to its ``pipeline_query_started`` and its first
-``pipeline_batch`` event. The first start is timed the same way, for comparison.
+``pipeline_batch`` event. The first start is timed the same way, for comparison. With ``--store
+s3`` the change log, mirrors and checkpoint are on MinIO on loopback (the usual AWS variables).
 
-Usage: python bench/restart_first_batch.py [--keys 20000] [--restarts 3]
+Usage: python bench/restart_first_batch.py [--keys 20000] [--restarts 3] [--store local|s3]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -30,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline_throughput import COLUMNS, one_record_transaction
 
 from emulator.local_run import pipeline_process
+from emulator.object_store import minio
 from emulator.processes import Process
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import Mod
@@ -86,29 +89,38 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keys", type=int, default=20_000)
     parser.add_argument("--restarts", type=int, default=3)
+    parser.add_argument("--store", choices=("local", "s3"), default="local")
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="restart-bench-"))
-    writer = ChangeLogWriter(str(folder / "changelog"))
-    writer.land(range(args.keys), "INSERT")
-    process = pipeline_process(folder, folder / "changelog")
-    print(
-        f"# {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} {platform.node()} {os.cpu_count()} cores, "
-        f"{args.keys} keys, python -m pipeline run (local[2], defaults), SIGKILL between starts"
-    )
-    print("start\tquery started s\tfirst batch s")
-    for start in range(args.restarts + 1):
-        batches = process.count("pipeline_batch")
-        query, first, popen = timed_start(process, batches, args.timeout)
+    with contextlib.ExitStack() as stack:
+        root = str(folder)
+        if args.store == "s3":
+            store = stack.enter_context(minio(folder / "minio"))
+            os.environ.update(store.environment())
+            root = store.uri("restart")
+        writer = ChangeLogWriter(f"{root}/changelog")
+        writer.land(range(args.keys), "INSERT")
+        process = pipeline_process(folder, f"{root}/changelog", root)
         print(
-            f"{'first' if start == 0 else f'after kill {start}'}\t{query:.1f}\t{first:.1f}",
-            flush=True,
+            f"# {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} {platform.node()} {os.cpu_count()} "
+            f"cores, {args.keys} keys on {args.store}, python -m pipeline run (local[2], "
+            "defaults), SIGKILL between starts"
         )
-        writer.land(range(0, args.keys, 7), "UPDATE")
-        process.wait_for("pipeline_batch", process.count("pipeline_batch") + 1, args.timeout, popen)
-        os.killpg(popen.pid, signal.SIGKILL)  # the process group: Python, its JVM, its workers
-        popen.wait()
-        writer.land(range(3, args.keys, 11), "UPDATE")
+        print("start\tquery started s\tfirst batch s")
+        for start in range(args.restarts + 1):
+            query, first, popen = timed_start(
+                process, process.count("pipeline_batch"), args.timeout
+            )
+            name = "first" if start == 0 else f"after kill {start}"
+            print(f"{name}\t{query:.1f}\t{first:.1f}", flush=True)
+            writer.land(range(0, args.keys, 7), "UPDATE")
+            process.wait_for(
+                "pipeline_batch", process.count("pipeline_batch") + 1, args.timeout, popen
+            )
+            os.killpg(popen.pid, signal.SIGKILL)  # the process group: Python, its JVM, its workers
+            popen.wait()
+            writer.land(range(3, args.keys, 11), "UPDATE")
     print(f'{{"work": "{folder}"}}')
     return 0
 

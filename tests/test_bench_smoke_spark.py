@@ -45,6 +45,10 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         r"^2\t[1-9]\d*\t[1-9]\d*\t[\d.]+\t([\d.]+|-)\t[\d.]+\t[\d.]+\t[\d.]+\t[1-9]\d*$",
     ),
     "spark_run_starts.py": (["--starts", "1", "--load", "0"], r"^1\t1\t0$"),
+    "restart_first_batch.py": (
+        ["--keys", "200", "--restarts", "1"],
+        r"^after kill 1\t[\d.]+\t[\d.]+$",
+    ),
     "spark_source.py": (
         ["--widths", "50", "--cores", "1", "--seconds", "5", "--warmup", "5", "--rate", "20"],
         r"^50\tspark local\[1\]\t[1-9]\d*\t[\d.]+\t[\d.]+\t[\d.]+\t[\d.]+$",
