@@ -12,14 +12,9 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         r"^processor\t[\d,]+\t[\d.]+\t\d+\.\d\d\t\d+\.\d\d$",
     ),
     "pipeline_throughput.py": (
-        [
-            "--sizes",
-            "600:60",
-            "--batches",
-            "2",
-            "--variants",
-            "row,stateless,memory,operator,read-first",
-        ],
+        # the memory baseline's own state class runs here; operator and read-first are one-line
+        # variants of the job's processor, left to full runs for the suite's time
+        ["--sizes", "600:60", "--batches", "2", "--variants", "row,stateless,memory"],
         r"^600\t60\tstateless\t[\d,]+\t",
     ),
     "mirror_size_end_to_end.py": (
