@@ -17,7 +17,7 @@ from deltalake.exceptions import TableNotFoundError
 from ingest.contract.changelog import CHECKPOINT_KEY, SCHEMA_ROW, Checkpoint, from_json
 from ingest.model.timestamps import parse_rfc3339
 from pipeline.shapes import EVERY_COLUMN_CAPTURES, Interval, Label, Source, TableShape, merge_shapes
-from runtime.storage import arrow_filesystem, delta_storage_options
+from runtime.storage import arrow_filesystem
 
 
 def scan(table: DeltaTable, columns: list[str] | None = None) -> pa.Table:
@@ -127,13 +127,6 @@ def _runs_from_rows(
     starts = np.concatenate([[0], np.flatnonzero(per_row[1:] != per_row[:-1]) + 1])
     stamps = rows["commit_timestamp_text"].take(pa.array(kept[starts])).to_pylist()
     return [(stamp, distinct[int(per_row[i])]) for stamp, i in zip(stamps, starts, strict=True)]
-
-
-def changelog_version(changelog_uri: str) -> int:
-    """The change log's newest (Delta) version."""
-    return int(
-        DeltaTable(changelog_uri, storage_options=delta_storage_options(changelog_uri)).version()
-    )
 
 
 def version_holding(changelog_uri: str, commit_timestamp_text: str) -> int | None:

@@ -19,12 +19,13 @@ from typing import Any
 import structlog
 
 from pipeline.batch_writer import BatchWriter, JobStats
-from pipeline.catalog import changelog_version, version_holding
+from pipeline.catalog import version_holding
 from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
 from pipeline.deployment import Plan, only_limits, plan_deployment
 from pipeline.foreign_commits import TABLE_CHANGED_BEHIND_JOB
 from pipeline.history import ensure_history, mirrors_reached
+from pipeline.merges import table_version
 from pipeline.metrics import PipelineMetrics
 from pipeline.mirror import MIRROR_TARGET_FILE_BYTES, ensure_mirror
 from pipeline.processor import (
@@ -333,7 +334,7 @@ class _Drain:
         if not self.requested.is_set() or self.config.trigger == "available-now":
             return False
         if self.target is None:
-            self.target = changelog_version(self.config.changelog_uri)
+            self.target = table_version(self.config.changelog_uri)
             self.log.info("pipeline_draining", through_version=self.target)
         reached = cut.read(self.config.mirror_root)
         return reached is not None and reached.starting_version > self.target

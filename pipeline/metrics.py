@@ -1,12 +1,11 @@
 """Prometheus metrics of the pipeline, served at ``/metrics`` on ``metrics_port``.
 
-Three feeds, each where the fact is known: Spark's ``StreamingQueryListener`` (micro-batches,
-their duration, change-log rows read, state rows, reads and writes, change-log files still to
-read), the batch
-function (rows merged per mirror, the newest Spanner commit applied), and the job loop (query
+Three feeds, each where the fact is known: Spark's ``StreamingQueryListener`` (micro-batches, their
+duration, change-log rows read, state rows, reads and writes, change-log files still to read), the
+batch function (rows merged per mirror, the newest Spanner commit applied), and the job loop (query
 restarts by reason, the state schema deployment running). Freshness is computed when Prometheus
-scrapes. One registry per process, no global state; labels are table names and restart reasons
-only (bounded), never row values.
+scrapes. One registry per process, no global state; labels are table names and restart reasons only
+(bounded), never row values.
 """
 
 from __future__ import annotations
