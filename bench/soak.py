@@ -154,9 +154,9 @@ class Pausable:
         self._database = database
         self.lock = threading.Lock()
 
-    def run_in_transaction(self, work: Any) -> Any:
+    def run_in_transaction(self, work: Any, **options: Any) -> Any:
         with self.lock:
-            return self._database.run_in_transaction(work)
+            return self._database.run_in_transaction(work, **options)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._database, name)
@@ -333,7 +333,7 @@ def run(args: argparse.Namespace, work: Path) -> int:
             while thread.is_alive():
                 product.sample()
                 time.sleep(args.sample_s)
-            last = max(last_own, *(t.commit_timestamp for t in workload.committed))
+            last = max([last_own, *(t.commit_timestamp for t in workload.committed)])
             drain(product, changelog, work / "mirrors", last, args)
         finally:
             stop.set()
