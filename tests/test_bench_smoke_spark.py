@@ -31,6 +31,10 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         ["--rates", "20", "--seconds", "10", "--warmup", "60", "--partitions", "6"],
         r"^20\t\d+\t(\d+)\t\1\t\d+\t[\d.]+\t[\d.]+/[\d.]+\t",
     ),
+    "microbatch_cpu.py": (
+        ["--warmup", "2", "--versions", "3", "--checkpoint-every", "10"],
+        r"^10\t[1-9]\d*\t[\d.]+\t[\d.]+\t[\d.]+\t[\d.]+$",
+    ),
     "microbatch_profile.py": (
         ["--versions", "3", "--keys", "100", "--rows-per-version", "50"],
         r"^first batch done, from process start\t[\d.]+ s$(.|\n)*^  MERGE\t[\d.]+\t",
