@@ -440,6 +440,33 @@ def test_a_lock_file_cut_short_blocks_only_until_it_is_stale(tmp_path: Path) -> 
     assert not lock_file.exists()
 
 
+def test_a_lock_whose_pid_this_process_now_has_is_taken_at_once(tmp_path: Path) -> None:
+    """A container restarted after a kill -9 keeps its host name and, under tini, its pid: the
+    dead holder's fresh heartbeat names a pid that answers, as this process. A live holder of
+    this host still blocks, and so does one whose lock predates the start field."""
+    from pipeline.state.checkpoint import (
+        LOCK_FILE,
+        CheckpointInUse,
+        CheckpointLock,
+        process_started,
+    )
+
+    me = {"owner": "killed", "host": socket.gethostname(), "pid": os.getpid(), "job": "before"}
+    lock_file = tmp_path / LOCK_FILE
+    for holder in ({**me, "started": process_started(os.getpid())}, me):
+        lock_file.write_text(json.dumps({**holder, "heartbeat": time.time()}))
+        with pytest.raises(CheckpointInUse, match="in use by before"):
+            CheckpointLock(str(tmp_path), 60, "after").acquire()
+    boot, _ = str(process_started(os.getpid())).split(":")
+    lock_file.write_text(json.dumps({**me, "started": f"{boot}:1", "heartbeat": time.time()}))
+    lock = CheckpointLock(str(tmp_path), 60, "after")
+    lock.acquire()
+    try:
+        assert json.loads(lock_file.read_text())["job"] == "after"
+    finally:
+        lock.release()
+
+
 def test_a_layout_1_checkpoint_is_refused_with_one_line_on_how_to_rebuild() -> None:
     old = {"row_t": struct(id=T.LongType(), s=T.StringType())}
     with pytest.raises(StateSchemaError) as caught:

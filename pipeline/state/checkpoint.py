@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import structlog
 from pyarrow import fs as pafs
@@ -35,6 +36,17 @@ class CheckpointInUse(BadInput, RuntimeError):
 
 class CheckpointLockLost(ReportedError, RuntimeError):
     """This job no longer holds the checkpoint: it must write nothing more."""
+
+
+def process_started(pid: int) -> str | None:
+    """Which process a pid is: the kernel's boot and the process's start in clock ticks since
+    it (/proc), so a pid used again, by this process or another, is told apart; None off Linux."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        ticks = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+    return f"{boot}:{ticks}"
 
 
 class CheckpointLock:
@@ -61,6 +73,7 @@ class CheckpointLock:
             "owner": uuid.uuid4().hex,
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "started": process_started(os.getpid()),
             "job": description,
         }
         self._version: str | None = None
@@ -83,16 +96,22 @@ class CheckpointLock:
         return {"job": "an unreadable lock file", "heartbeat": found.modified}
 
     def _is_live(self, holder: dict) -> bool:
+        """A fresh heartbeat is live, unless its writer was a process of this host that is gone:
+        its pid answers nothing, or answers as another process (a container restarted after a
+        kill -9 has the same host name and, under tini, the same pid as the one it replaces)."""
         if time.time() - float(holder.get("heartbeat", 0)) > self._stale:
             return False
-        if holder.get("host") == socket.gethostname():
-            try:
-                os.kill(int(holder["pid"]), 0)
-            except (ProcessLookupError, ValueError, KeyError):
-                return False
-            except PermissionError:
-                return True
-        return True
+        if holder.get("host") != socket.gethostname():
+            return True
+        try:
+            pid = int(holder["pid"])
+            os.kill(pid, 0)
+        except (ProcessLookupError, ValueError, KeyError):
+            return False
+        except PermissionError:
+            return True
+        started = holder.get("started")
+        return started is None or started == process_started(pid)
 
     def acquire(self) -> None:
         found = self._object.read()
