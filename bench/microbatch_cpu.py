@@ -31,12 +31,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pipeline_throughput import COLUMNS, MODS_PER_TRANSACTION, START, one_record_transaction
+from pipeline_throughput import MODS_PER_TRANSACTION, START, account_transaction
 
 from ingest.delta.sink import DeltaChangeLogSink, Maintenance
-from ingest.model.records import Mod
 from ingest.model.resume import ResumablePartitions, ResumePoint
-from ingest.model.timestamps import to_rfc3339
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = 500
@@ -79,21 +77,10 @@ class Landing:
         for _ in range(max(1, self._rows // MODS_PER_TRANSACTION)):
             self._clock += 1_000
             self._number += 1
-            stamp = to_rfc3339(self._clock)
-            mods = tuple(
-                Mod(
-                    {"account_id": str(k)},
-                    {
-                        "owner": f"owner-{k}",
-                        "balance": str(self._rng.randint(0, 10**6)),
-                        "updated_at": stamp,
-                    },
-                    {},
-                )
-                for k in self._rng.sample(range(KEYS), MODS_PER_TRANSACTION)
-            )
+            keys = self._rng.sample(range(KEYS), MODS_PER_TRANSACTION)
+            balance = lambda _: self._rng.randint(0, 10**6)  # noqa: E731
             transactions.append(
-                one_record_transaction(self._clock, self._number, COLUMNS, mods, "UPDATE")
+                account_transaction(self._clock, self._number, keys, balance, "UPDATE")
             )
         self._sink.commit(transactions, ResumePoint(self._clock, ResumablePartitions((), ())))
 

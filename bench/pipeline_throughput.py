@@ -33,7 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,23 @@ def one_record_transaction(
     return Transaction(clock, record.server_transaction_id, (record,))
 
 
+def account_transaction(
+    clock: int, number: int, keys: Iterable[int], balance: Callable[[int], int], mod_type: str
+) -> Transaction:
+    """One transaction writing ``keys`` of ``accounts`` at ``clock`` (owner, balance, updated_at):
+    the benches' change logs are made of these."""
+    stamp = to_rfc3339(clock)
+    mods = tuple(
+        Mod(
+            {"account_id": str(k)},
+            {"owner": f"owner-{k}", "balance": str(balance(k)), "updated_at": stamp},
+            {},
+        )
+        for k in keys
+    )
+    return one_record_transaction(clock, number, COLUMNS, mods, mod_type)
+
+
 def land_changelog(uri: str, rows: int, keys: int, versions: int, seed: int = 7) -> None:
     """INSERT every key once, then UPDATE random keys, through the real sink."""
     rng = random.Random(seed)
@@ -113,20 +130,8 @@ def land_changelog(uri: str, rows: int, keys: int, versions: int, seed: int = 7)
                 mod_type = "UPDATE"
             clock += 1_000
             number += 1
-            stamp = to_rfc3339(clock)
-            mods = tuple(
-                Mod(
-                    {"account_id": str(k)},
-                    {
-                        "owner": f"owner-{k}",
-                        "balance": str(rng.randint(0, 10**6)),
-                        "updated_at": stamp,
-                    },
-                    {},
-                )
-                for k in chosen
-            )
-            transactions.append(one_record_transaction(clock, number, COLUMNS, mods, mod_type))
+            balance = lambda _: rng.randint(0, 10**6)  # noqa: E731
+            transactions.append(account_transaction(clock, number, chosen, balance, mod_type))
             written += len(chosen)
         sink.commit(transactions, ResumePoint(clock, ResumablePartitions((), ())))
 

@@ -29,15 +29,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pipeline_throughput import COLUMNS, one_record_transaction
+from pipeline_throughput import account_transaction
 
 from emulator.local_run import pipeline_process
 from emulator.object_store import minio
 from emulator.processes import Process
 from ingest.delta.sink import DeltaChangeLogSink
-from ingest.model.records import Mod
 from ingest.model.resume import ResumablePartitions, ResumePoint
-from ingest.model.timestamps import parse_rfc3339, to_rfc3339
+from ingest.model.timestamps import parse_rfc3339
 
 START = parse_rfc3339("2026-11-27T00:00:00Z")
 
@@ -56,17 +55,9 @@ class ChangeLogWriter:
         for first in range(0, len(chosen), 10):
             self.clock += 1_000
             self.number += 1
-            stamp = to_rfc3339(self.clock)
-            mods = tuple(
-                Mod(
-                    {"account_id": str(k)},
-                    {"owner": f"o{k}", "balance": "1", "updated_at": stamp},
-                    {},
-                )
-                for k in chosen[first : first + 10]
-            )
+            keys_now = chosen[first : first + 10]
             transactions.append(
-                one_record_transaction(self.clock, self.number, COLUMNS, mods, mod_type)
+                account_transaction(self.clock, self.number, keys_now, lambda _: 1, mod_type)
             )
         self.sink.commit(transactions, ResumePoint(self.clock, ResumablePartitions((), ())))
 
