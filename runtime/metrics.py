@@ -34,6 +34,7 @@ def progress_listener(on_progress: Callable[[Any], None]) -> Any:
     from pyspark import SparkContext
     from pyspark.sql.streaming.listener import (
         JStreamingQueryListener,
+        QueryProgressEvent,
         StreamingQueryListener,
         StreamingQueryProgress,
     )
@@ -43,7 +44,8 @@ def progress_listener(on_progress: Callable[[Any], None]) -> Any:
             pass
 
         def onQueryProgress(self, jevent: Any) -> None:
-            on_progress(StreamingQueryProgress.fromJson(json.loads(jevent.progress().json())))
+            progress = StreamingQueryProgress.fromJson(json.loads(jevent.progress().json()))
+            self.pylistener.onQueryProgress(QueryProgressEvent(progress))
 
         def onQueryIdle(self, jevent: Any) -> None:
             pass
