@@ -52,7 +52,7 @@ from decode_speed import in_place_of, production_record
 from wide_reader import serve
 
 from emulator.local_run import pipeline_process
-from emulator.processes import Process, cpu_seconds, process_tree
+from emulator.processes import Process, tree_cpu_seconds
 from emulator.run_report import (
     landing_marks,
     mirror_latencies,
@@ -112,17 +112,6 @@ def inserting_topology(
             )
         )
     return dataclasses.replace(topology, transactions=shaped)
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of a process and its live descendants (the pipeline's JVM)."""
-    total = 0.0
-    for current in process_tree(pid):
-        try:
-            total += cpu_seconds(current)
-        except OSError:
-            continue
-    return total
 
 
 def ingest(port: int, changelog: str, start: Nanos) -> None:

@@ -4,7 +4,8 @@
 change log that this script extends through the real sink, one version of ``--rows`` UPDATE rows
 every second, as the ingest service lands a steady workload. After ``--warmup`` versions, the
 pipeline's process tree (its Python, its JVM, the JVM's Python workers: /proc, every descendant)
-is measured over ``--versions`` more; then over 10 s with no new version (idle).
+is measured over ``--versions`` more; then over 10 s with no new version (idle). The pipeline is
+started as ``make run`` starts it (``emulator.local_run.pipeline_process``).
 
 Each variant differs only in the change log's Delta checkpoint interval
 (``ingest.delta.sink.Maintenance.log_checkpoint_every``), since the pipeline's Delta source
@@ -22,45 +23,23 @@ import datetime as dt
 import os
 import platform
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from subprocess import Popen
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pipeline_throughput import MODS_PER_TRANSACTION, START, account_transaction
 
+from emulator.local_run import pipeline_process
+from emulator.processes import Process, terminate, tree_cpu_seconds
 from ingest.delta.sink import DeltaChangeLogSink, Maintenance
 from ingest.model.resume import ResumablePartitions, ResumePoint
 
-ROOT = Path(__file__).resolve().parent.parent
 KEYS = 500
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu(root: int) -> float:
-    """CPU seconds of ``root`` and every process below it, as /proc has them now."""
-    children: dict[int, list[int]] = {}
-    spent: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid = int(entry.name)
-        children.setdefault(int(fields[1]), []).append(pid)
-        spent[pid] = (int(fields[11]) + int(fields[12])) / TICKS
-    total, stack = 0.0, [root]
-    while stack:
-        pid = stack.pop()
-        total += spent.get(pid, 0.0)
-        stack.extend(children.get(pid, []))
-    return total
 
 
 class Landing:
@@ -85,50 +64,34 @@ class Landing:
         self._sink.commit(transactions, ResumePoint(self._clock, ResumablePartitions((), ())))
 
 
-def batches(log: Path) -> int:
-    return log.read_text(errors="replace").count('"pipeline_batch"')
-
-
-def land_for(landing: Landing, versions: int, log: Path, pipeline: subprocess.Popen[bytes]) -> None:
+def land_for(landing: Landing, versions: int, process: Process, running: Popen[bytes]) -> None:
     for _ in range(versions):
         landing.land()
         time.sleep(1.0)
-        if pipeline.poll() is not None:
-            raise RuntimeError(f"the pipeline exited: {log.read_text()[-3000:]}")
+        if running.poll() is not None:
+            raise RuntimeError(f"the pipeline exited: {process.log.read_text()[-3000:]}")
 
 
 def measure(args: argparse.Namespace, checkpoint_every: int) -> str:
     work = Path(tempfile.mkdtemp(prefix="microbatch-cpu-"))
     landing = Landing(str(work / "changelog"), args.rows, checkpoint_every)
     landing.land()
-    env = dict(
-        os.environ,
-        PIPELINE_CHANGELOG_URI=str(work / "changelog"),
-        PIPELINE_MIRROR_ROOT=str(work / "mirrors"),
-        PIPELINE_CHECKPOINT_URI=str(work / "checkpoint"),
-    )
-    log = work / "pipeline.log"
-    with log.open("wb") as out:
-        pipeline = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "run"], env=env, stdout=out, stderr=out, cwd=ROOT
-        )
+    process = pipeline_process(work, work / "changelog")
+    running = process.start()
     try:
-        while batches(log) < 1:
-            if pipeline.poll() is not None:
-                raise RuntimeError(f"the pipeline exited: {log.read_text()[-3000:]}")
-            time.sleep(0.2)
-        land_for(landing, args.warmup, log, pipeline)
-        first, spent, began = batches(log), tree_cpu(pipeline.pid), time.monotonic()
-        land_for(landing, args.versions, log, pipeline)
+        process.wait_for("pipeline_batch", 1, 600, running)
+        land_for(landing, args.warmup, process, running)
+        first = process.count("pipeline_batch")
+        spent, began = tree_cpu_seconds(running.pid), time.monotonic()
+        land_for(landing, args.versions, process, running)
         time.sleep(2.0)  # the last version's batch
-        count, cpu = batches(log) - first, tree_cpu(pipeline.pid) - spent
-        seconds = time.monotonic() - began
-        idle_from, idle_began = tree_cpu(pipeline.pid), time.monotonic()
+        count = process.count("pipeline_batch") - first
+        cpu, seconds = tree_cpu_seconds(running.pid) - spent, time.monotonic() - began
+        idle_from, idle_began = tree_cpu_seconds(running.pid), time.monotonic()
         time.sleep(10.0)
-        idle = (tree_cpu(pipeline.pid) - idle_from) / (time.monotonic() - idle_began)
+        idle = (tree_cpu_seconds(running.pid) - idle_from) / (time.monotonic() - idle_began)
     finally:
-        pipeline.terminate()
-        pipeline.wait(timeout=120)
+        terminate(running, 120)
     return (
         f"{checkpoint_every}\t{count}\t{cpu:.1f}\t{cpu / max(1, count):.3f}\t"
         f"{cpu / seconds:.2f}\t{idle:.3f}"

@@ -118,6 +118,18 @@ def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
     return sum(int(value) for value in used) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its live descendants (the pipeline's JVM and its Python
+    workers), as /proc has them now."""
+    total = 0.0
+    for current in process_tree(pid):
+        try:
+            total += cpu_seconds(current)
+        except OSError:
+            continue
+    return total
+
+
 def log_events(log: Path) -> list[dict[str, Any]]:
     """The complete JSON lines of a process's log so far (a line still being written, with no
     newline yet, is left for the next read; lines that are not events are passed over)."""
