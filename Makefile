@@ -47,7 +47,8 @@ $(TOOLS)/minio:
 IMAGE ?= localhost/spanner-delta-cdc:test
 TEST_BASE ?= localhost/cdc-test-base:bookworm
 CONTAINER_TOOLS := /usr/bin/buildah /usr/sbin/debootstrap
-$(CONTAINER_TOOLS):
+# One recipe makes both (a grouped target): under -j two copies of it would race for apt's lock.
+$(CONTAINER_TOOLS) &:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap
 
