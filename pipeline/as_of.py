@@ -24,23 +24,10 @@ from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from pipeline import batch_log
 from pipeline.batch_log import AppliedBatch
 from pipeline.catalog import query, scan
-from pipeline.columns import (
-    KEYS_COLUMN,
-    POSITION_COLUMN,
-    VALID_FROM,
-    VALID_FROM_TEXT,
-    VALID_TO,
-    VALID_TO_TEXT,
-    mirror_uri,
-)
-from pipeline.history import HISTORY_SINCE, IS_CURRENT, Histories
+from pipeline.columns import PRODUCT_COLUMNS, VALID_FROM_TEXT, VALID_TO_TEXT, mirror_uri
+from pipeline.history import HISTORY_SINCE, Histories
 from runtime.errors import BadInput
 from runtime.storage import delta_storage_options
-
-PRODUCT_COLUMNS = frozenset(
-    {KEYS_COLUMN, POSITION_COLUMN, VALID_FROM, VALID_FROM_TEXT, VALID_TO, VALID_TO_TEXT, IS_CURRENT}
-)
-"""What the product keeps beside a table's own columns; an as-of read leaves them out."""
 
 
 class NotAvailableAsOf(BadInput, ValueError):

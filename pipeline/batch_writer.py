@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-import structlog
 from pyspark.sql import functions as F
 
 from ingest.model.timestamps import to_rfc3339
@@ -26,8 +25,7 @@ from pipeline.state.checkpoint import checkpoint_id
 from pipeline.state.generations import Generation
 from pipeline.user_processors.host import OUTPUT_COLUMN, output_column
 from pipeline.user_processors.outputs import append_batch, output_uri
-
-Logger = structlog.typing.FilteringBoundLogger
+from runtime.logs import Logger
 
 
 @dataclass(slots=True)
@@ -38,6 +36,7 @@ class JobStats:
     rebases: int = 0
 
 
+@dataclass(eq=False)
 class BatchWriter:
     """Each micro-batch's end: MERGE it into the mirrors, record the mirrors' cut, retire the
     generation a rebase replaced once this one has committed a batch, and report.
@@ -45,60 +44,52 @@ class BatchWriter:
     ``lease`` raises when this job no longer holds the checkpoint; it is asked before the
     mirrors are written and again before the cut is recorded."""
 
-    def __init__(
-        self,
-        config: PipelineConfig,
-        plan: Plan,
-        stats: JobStats,
-        log: Logger,
-        metrics: PipelineMetrics,
-        generation: Generation,
-        lease: Callable[[], None] = lambda: None,
-    ) -> None:
-        self._config = config
-        self._lease = lease
-        self._plan = plan
-        self._stats = stats
-        self._log = log
-        self._metrics = metrics
-        self._generation = generation
-        self._app_id: str | None = None
-        self._changelog_id = ""
-        self._retired = False
-        self._foreign = ForeignCommitCheck(DeltaCommits())
+    config: PipelineConfig
+    plan: Plan
+    stats: JobStats
+    log: Logger
+    metrics: PipelineMetrics
+    generation: Generation
+    lease: Callable[[], None] = lambda: None
+    _app_id: str | None = field(default=None, init=False)
+    _changelog_id: str = field(default="", init=False)
+    _retired: bool = field(default=False, init=False)
+    _foreign: ForeignCommitCheck = field(
+        default_factory=lambda: ForeignCommitCheck(DeltaCommits()), init=False
+    )
 
     def __call__(self, batch: Any, batch_id: int) -> None:
-        config = self._config
+        config = self.config
         started = time.monotonic()
         if self._app_id is None:
             self._app_id = f"{config.job_id}:{checkpoint_id(config.checkpoint_uri)}"
-        self._lease()
+        self.lease()
         offset = cut.batch_end_offset(config.checkpoint_uri, batch_id)
         applied = self._applied(batch_id, offset)
         metadata = batch_log.commit_metadata(applied.watermark_text, batch_id)
-        if self._plan.processors:
+        if self.plan.processors:
             batch = batch.persist()
             mirrored = batch.where(F.col(OUTPUT_COLUMN).isNull()).select(*self._mirror_columns)
         else:
             mirrored = batch
-        with self._metrics.batch_running():
+        with self.metrics.batch_running():
             result = write_batch(
                 mirrored,
                 batch_id,
-                self._plan.shapes,
+                self.plan.shapes,
                 config.mirror_root,
                 self._app_id,
-                self._log,
+                self.log,
                 config.local_merge_max_rows,
                 config.local_merge_max_mb * 1024 * 1024,
-                self._plan.histories,
+                self.plan.histories,
                 metadata,
                 self._foreign,
             )
             self._append_outputs(batch, batch_id, metadata)
-        if self._plan.processors:
+        if self.plan.processors:
             batch.unpersist()
-        self._lease()
+        self.lease()
         if offset is not None:
             cut.record(config.mirror_root, self._cut(offset, batch_id))
         batch_log.record(
@@ -109,15 +100,15 @@ class BatchWriter:
                 history_versions=result.history_versions,
             ),
             self._app_id,
-            self._log,
+            self.log,
         )
         if batch_id >= 1 and not self._retired:
-            retire_replaced(self._generation, self._log)
+            retire_replaced(self.generation, self.log)
             self._retired = True
-        self._stats.batches += 1
-        self._stats.rows_merged += sum(result.rows.values())
-        self._metrics.batch_landed(result.rows, result.newest_commit)
-        self._log.info(
+        self.stats.batches += 1
+        self.stats.rows_merged += sum(result.rows.values())
+        self.metrics.batch_landed(result.rows, result.newest_commit)
+        self.log.info(
             "pipeline_batch",
             batch_id=batch_id,
             rows=result.rows,
@@ -130,31 +121,31 @@ class BatchWriter:
     def _cut(self, offset: dict[str, object], batch_id: int) -> cut.Cut:
         """Where the mirrors stand after this batch, naming the change log they belong to."""
         if not self._changelog_id:
-            self._changelog_id = cut.changelog_id(self._config.changelog_uri)
+            self._changelog_id = cut.changelog_id(self.config.changelog_uri)
         return cut.Cut(
-            cut.next_version(offset), self._generation.number, batch_id, self._changelog_id
+            cut.next_version(offset), self.generation.number, batch_id, self._changelog_id
         )
 
     @property
     def _mirror_columns(self) -> list[str]:
-        return output_schema(self._plan.shapes, self._plan.kept).fieldNames()
+        return output_schema(self.plan.shapes, self.plan.kept).fieldNames()
 
     def _append_outputs(self, batch: Any, batch_id: int, metadata: dict[str, str]) -> None:
         """Each processor's rows of the batch, appended once to its table."""
         assert self._app_id is not None
-        for processor in self._plan.processors:
+        for processor in self.plan.processors:
             name = processor.name
             rows = batch.where(F.col(OUTPUT_COLUMN) == name).select(f"{output_column(name)}.*")
             _, appended = append_batch(
                 rows,
-                output_uri(self._config.processor_root, name),
+                output_uri(self.config.processor_root, name),
                 self._app_id,
                 batch_id,
-                self._config.local_merge_max_rows,
-                self._log,
+                self.config.local_merge_max_rows,
+                self.log,
                 metadata,
             )
-            self._metrics.processor_rows.labels(name).inc(appended)
+            self.metrics.processor_rows.labels(name).inc(appended)
 
     def _applied(self, batch_id: int, offset: dict[str, object] | None) -> batch_log.AppliedBatch:
         """Where the batch leaves the mirrors: the last change-log version it applies whole,
@@ -164,7 +155,7 @@ class BatchWriter:
             cut.END_INDEX,
             cut.BASE_INDEX,
         )
-        checkpoint = checkpoint_at(self._config.changelog_uri, whole) if whole >= 0 else None
+        checkpoint = checkpoint_at(self.config.changelog_uri, whole) if whole >= 0 else None
         start = None
         if checkpoint is not None:
             begins = checkpoint.snapshot.read_timestamp if checkpoint.snapshot else None
@@ -172,7 +163,7 @@ class BatchWriter:
             start = None if begins is None else to_rfc3339(begins)
         return batch_log.AppliedBatch(
             batch_id=batch_id,
-            generation=self._generation.number,
+            generation=self.generation.number,
             changelog_version=whole,
             watermark_text=(
                 None if checkpoint is None else to_rfc3339(checkpoint.resume_point.low_watermark)

@@ -17,6 +17,13 @@ state from the mirror exactly (``pipeline.state.seed``)."""
 VALID_FROM, VALID_FROM_TEXT = "_valid_from", "_valid_from_text"
 VALID_TO, VALID_TO_TEXT = "_valid_to", "_valid_to_text"
 """History columns: the Spanner times a row version held from and until (NULL: still holds)."""
+IS_CURRENT = "_is_current"
+"""History column: true on the version that holds now (``_valid_to`` is NULL)."""
+PRODUCT_COLUMNS = frozenset(
+    {KEYS_COLUMN, POSITION_COLUMN, VALID_FROM, VALID_FROM_TEXT, VALID_TO, VALID_TO_TEXT, IS_CURRENT}
+)
+"""What the product keeps beside a table's own columns in mirrors and histories; an as-of read
+leaves them out."""
 FIRST_CHANGE, FIRST_CHANGE_TEXT = "_cdc_first_change", "_cdc_first_change_text"
 """The stateful step's output: the position of the key's first change in the micro-batch."""
 

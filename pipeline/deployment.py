@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import structlog
 from pyspark.sql import types as T
 
 from pipeline.catalog import discover_shapes
@@ -26,8 +25,7 @@ from pipeline.state.variables import state_schemas
 from pipeline.user_processors.api import ChangeProcessor
 from pipeline.user_processors.host import state_schemas as processor_state_schemas
 from pipeline.user_processors.loading import load_all
-
-Logger = structlog.typing.FilteringBoundLogger
+from runtime.logs import Logger
 
 
 @dataclass(frozen=True, slots=True)

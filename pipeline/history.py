@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import structlog
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -33,6 +32,7 @@ from pipeline.catalog import checkpoint_at
 from pipeline.columns import (
     FIRST_CHANGE,
     FIRST_CHANGE_TEXT,
+    IS_CURRENT,
     KEYS_COLUMN,
     POSITION_COLUMN,
     VALID_FROM,
@@ -58,10 +58,9 @@ from pipeline.processor import history_variable
 from pipeline.shapes import TableShape
 from pipeline.state import cut
 from pipeline.state.variables import row_variable
+from runtime.logs import Logger
 from runtime.storage import delta_storage_options
 
-Logger = structlog.typing.FilteringBoundLogger
-IS_CURRENT = "_is_current"
 HISTORY_SINCE = "spanner_cdc.history_since"
 """History table property: the Spanner time from which it holds every version (none: from the
 change log's beginning)."""

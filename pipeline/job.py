@@ -16,8 +16,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-import structlog
-
 from pipeline.batch_writer import BatchWriter, JobStats
 from pipeline.catalog import version_holding
 from pipeline.columns import mirror_uri
@@ -49,8 +47,8 @@ from pipeline.user_processors.feed import routed
 from pipeline.user_processors.host import ChangeApplierWithProcessors, job_output_schema
 from pipeline.user_processors.outputs import ensure_output, output_uri
 from runtime.errors import ReportedError
+from runtime.logs import Logger
 
-Logger = structlog.typing.FilteringBoundLogger
 PYTHON_WORKER_LATE = "Python worker failed to connect back"
 """A Python worker started slower than Spark waits for it (a host whose CPU is busy: seen with one
 core kept busy beside the suite); the batch did not commit, so the query starts again on the

@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow.compute as pc
-import structlog
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -20,8 +19,7 @@ from pipeline.history import Histories, merge_history_on_driver, merge_history_w
 from pipeline.merges import commit_once
 from pipeline.mirror import merge_into_mirror, merge_on_driver
 from pipeline.shapes import TableShape
-
-Logger = structlog.typing.FilteringBoundLogger
+from runtime.logs import Logger
 
 
 @dataclass(frozen=True, slots=True)

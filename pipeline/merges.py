@@ -32,9 +32,9 @@ from tenacity import (
 )
 
 from pipeline.shapes import TableShape
+from runtime.logs import Logger
 from runtime.storage import delta_storage_options
 
-Logger = structlog.typing.FilteringBoundLogger
 R = TypeVar("R")
 RETRYABLE_CONFLICTS = (
     "ConcurrentAppendException",

@@ -13,7 +13,6 @@ import json
 from collections.abc import Mapping
 
 import pyarrow as pa
-import structlog
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -35,10 +34,8 @@ from pipeline.merges import (
 )
 from pipeline.shapes import TableShape
 from pipeline.state.variables import LAST_APPLIED, row_variable
+from runtime.logs import Logger
 from runtime.storage import delta_storage_options
-
-Logger = structlog.typing.FilteringBoundLogger
-
 
 MIRROR_TARGET_FILE_BYTES = 16 * 1024 * 1024
 """Mirror files written by the driver MERGE stay about this size (bench/RESULTS.md, mirror size)."""

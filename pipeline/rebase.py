@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import structlog
 from deltalake import DeltaTable
 
 from ingest.contract.changelog import newest_checkpoint
@@ -25,8 +24,7 @@ from pipeline.state.checkpoint import committed_batches
 from pipeline.state.generations import Generation
 from pipeline.state.seed import SeedRefused, write_seed
 from runtime.errors import BadInput
-
-Logger = structlog.typing.FilteringBoundLogger
+from runtime.logs import Logger
 
 
 class RebaseRefused(BadInput, RuntimeError):

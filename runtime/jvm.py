@@ -22,9 +22,8 @@ from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
-import structlog
+from runtime.logs import Logger
 
-Logger = structlog.typing.FilteringBoundLogger
 LOG4J_LINE = re.compile(
     r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR|FATAL) ([^:]+): ?"
 )

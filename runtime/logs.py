@@ -7,9 +7,12 @@ from typing import TextIO
 
 import structlog
 
+Logger = structlog.typing.FilteringBoundLogger
+"""What every component logs through: built by ``make_logger`` and passed down."""
 
-def make_logger(stream: TextIO, level: str = "info") -> structlog.typing.FilteringBoundLogger:
-    logger: structlog.typing.FilteringBoundLogger = structlog.wrap_logger(
+
+def make_logger(stream: TextIO, level: str = "info") -> Logger:
+    logger: Logger = structlog.wrap_logger(
         structlog.PrintLogger(file=stream),
         processors=[
             structlog.processors.add_log_level,
@@ -25,9 +28,9 @@ def make_logger(stream: TextIO, level: str = "info") -> structlog.typing.Filteri
     return logger
 
 
-def null_logger() -> structlog.typing.FilteringBoundLogger:
+def null_logger() -> Logger:
     """Drops every event: the default for components built without a logger (tests, tools)."""
-    logger: structlog.typing.FilteringBoundLogger = structlog.wrap_logger(
+    logger: Logger = structlog.wrap_logger(
         structlog.ReturnLogger(),
         wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
     )

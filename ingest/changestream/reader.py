@@ -16,8 +16,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import structlog
-
 from ingest.changestream.config import ChangeStreamSource, ReaderConfig
 from ingest.changestream.worker import (
     Clocks,
@@ -35,8 +33,8 @@ from ingest.rules.coordinator import Coordinator
 from ingest.rules.turns import Turns
 from ingest.rules.watchdog import Watchdog
 from runtime.errors import ReportedError
+from runtime.logs import Logger
 
-Logger = structlog.typing.FilteringBoundLogger
 EVENT_QUEUE_SIZE = 512
 """Records in flight between workers and the coordinator; memory ≈ budget + this many records."""
 

@@ -8,7 +8,6 @@ import threading
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
-import structlog
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential_jitter
 
 from ingest.changestream.backpressure import BackpressureGate
@@ -23,8 +22,7 @@ from ingest.rules.partitions import (
     resume_timestamp,
     watermark_after,
 )
-
-Logger = structlog.typing.FilteringBoundLogger
+from runtime.logs import Logger
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,16 +8,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import structlog
-
 from ingest.delta.sink import CommitResult, DeltaChangeLogSink
 from ingest.model.encoding import canonical_json as json_text
 from ingest.model.records import Transaction, WatchedColumns
 from ingest.model.resume import Release, ResumePoint
 from ingest.model.snapshot import SnapshotChunk
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
-
-Logger = structlog.typing.FilteringBoundLogger
+from runtime.logs import Logger
 
 STALE_READ_LIMIT_NANOS = 55 * 60 * NANOS_PER_SECOND
 """Spanner keeps old versions one hour by default: older watermarks are not read for schema."""

@@ -6,13 +6,10 @@ from __future__ import annotations
 import threading
 import time
 
-import structlog
-
 from ingest.contract.changelog import Checkpoint
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos
-
-Logger = structlog.typing.FilteringBoundLogger
+from runtime.logs import Logger
 
 
 def wait_for_lease(

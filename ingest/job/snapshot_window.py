@@ -8,8 +8,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import structlog
-
 from ingest.changestream import query
 from ingest.changestream.opening import OpenedStream
 from ingest.job.config import JobConfig
@@ -17,8 +15,7 @@ from ingest.model.snapshot import SnapshotProgress
 from ingest.model.timestamps import Nanos, to_rfc3339
 from ingest.snapshot.reach import Retention, SnapshotOutOfReach, check_reachable
 from ingest.snapshot.reader import count_rows
-
-Logger = structlog.typing.FilteringBoundLogger
+from runtime.logs import Logger
 
 
 @dataclass(frozen=True, slots=True)

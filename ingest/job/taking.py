@@ -9,8 +9,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-import structlog
-
 from ingest.changestream import query
 from ingest.changestream.opening import OpenedStream, StreamAddress, open_stream
 from ingest.changestream.watched_columns import read_watched_columns
@@ -23,8 +21,7 @@ from ingest.model.resume import ResumePoint, start_point
 from ingest.model.snapshot import SnapshotMode, SnapshotProgress
 from ingest.model.timestamps import to_rfc3339
 from ingest.snapshot.reach import check_fits_retention, check_reachable
-
-Logger = structlog.typing.FilteringBoundLogger
+from runtime.logs import Logger
 
 
 @dataclass(frozen=True, slots=True)

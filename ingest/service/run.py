@@ -17,7 +17,6 @@ import time
 import uuid
 from collections.abc import Callable
 
-import structlog
 from deltalake import DeltaTable
 from google.cloud.spanner_v1.database import Database
 
@@ -46,8 +45,7 @@ from ingest.snapshot.initial import (
 )
 from ingest.snapshot.on_demand import TableSnapshots
 from ingest.snapshot.reader import read_table
-
-Logger = structlog.typing.FilteringBoundLogger
+from runtime.logs import Logger
 
 
 def run_service(config: JobConfig, log: Logger, stop: threading.Event) -> int:

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-import structlog
 from google.api_core import exceptions as api_exceptions
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
@@ -26,8 +25,8 @@ from ingest.model.snapshot import Key, SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import Nanos
 from ingest.snapshot.commits import SnapshotCommits
 from ingest.snapshot.reach import ProgressReports
+from runtime.logs import Logger
 
-Logger = structlog.typing.FilteringBoundLogger
 ReadTable = Callable[[str, tuple[ColumnType, ...], Nanos, Key | None], Iterator[SnapshotChunk]]
 """(table, columns, T0, after key) → the table's chunks in key order, the last one done."""
 AbsentKeys = Callable[[str, Nanos, Iterable[str]], list[str]]

@@ -23,8 +23,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-import structlog
-
 from ingest.contract.changelog import DELETE
 from ingest.model.encoding import canonical_json
 from ingest.model.records import Transaction, WatchedColumns
@@ -33,8 +31,8 @@ from ingest.model.timestamps import Nanos, to_rfc3339
 from ingest.snapshot.commits import SnapshotCommits
 from ingest.snapshot.initial import AbsentKeys, ReadTable, SnapshotReaders
 from ingest.snapshot.reach import SnapshotOutOfReach, check_reachable, report
+from runtime.logs import Logger
 
-Logger = structlog.typing.FilteringBoundLogger
 DeletedAfter = Callable[[str, Nanos], set[str]]
 """(table, T1) → keys the change log has deleted after T1 (``absent_keys.deleted_after``)."""
 

@@ -19,8 +19,6 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Protocol
 
-import structlog
-
 from ingest.model.snapshot import (
     Key,
     PartProgress,
@@ -39,8 +37,7 @@ from ingest.rules.snapshot_parts import (
 )
 from ingest.snapshot.initial import reading_again
 from ingest.snapshot.reach import ProgressReports
-
-Logger = structlog.typing.FilteringBoundLogger
+from runtime.logs import Logger
 
 
 def _land_reads(

@@ -11,13 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import structlog
-
 from ingest.model.snapshot import SnapshotProgress
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 from runtime.errors import BadInput
-
-Logger = structlog.typing.FilteringBoundLogger
+from runtime.logs import Logger
 
 
 class SnapshotOutOfReach(BadInput, RuntimeError):

@@ -21,11 +21,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import structlog
 
 from ingest.contract.changelog import SCHEMA, Checkpoint
 from ingest.delta.batcher import WatchedColumnsPoll, report_commit, warn_near_retention
@@ -36,8 +35,8 @@ from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 from ingest.rules.assembler import IncompleteTransactionError, InconsistentTransactionError
 from ingest.rules.batches import BatchCut, BatchPlanError, PartitionRead, PartitionReport
 from ingest.sparksource.rows import COMMIT_NANOS, REPORT, BatchIdentity, parse_report
+from runtime.logs import Logger
 
-Logger = structlog.typing.FilteringBoundLogger
 ReadWave = Callable[[list[PartitionRead], BatchIdentity], pa.Table]
 """Reads a wave's partitions on the executors: the rows and reports its tasks send."""
 
@@ -67,36 +66,28 @@ class DuplicateRecordError(RuntimeError):
     """A batch holds a change-log row twice: a task yielded a record twice (a bug)."""
 
 
+@dataclass(eq=False)
 class BatchLanding:
-    def __init__(
-        self,
-        sink: DeltaChangeLogSink,
-        watched: WatchedColumnsPoll,
-        log: Logger,
-        monotonic: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], Nanos] = time.time_ns,
-        on_landed: Callable[[LandedBatch], None] | None = None,
-        read_wave: ReadWave | None = None,
-        max_waves: int = 4,
-        retention_nanos: Nanos | None = None,
-    ) -> None:
-        """``read_wave`` reads a further wave of a batch (partitions that became ready within
-        it) on the executors, at most ``max_waves`` waves per batch in all; without it every
-        such partition lowers the cut. ``retention_nanos``: the stream's, for the alert when
-        the change log trails by half of it."""
-        self._retention_nanos = retention_nanos
-        self._sink = sink
-        self._watched = watched
-        self._log = log
-        self._monotonic = monotonic
-        self._wall_clock = wall_clock
-        self._on_landed = on_landed
-        self._read_wave = read_wave
-        self._max_waves = max_waves
-        self._landed_any = False
-        self._lock = threading.Lock()
-        """Held while a batch lands: the lease is handed over only between batches."""
-        self._handed_over = False
+    """Lands the Spark source's micro-batches in the change log (``__call__``: ``foreachBatch``).
+
+    ``read_wave`` reads a further wave of a batch (partitions that became ready within it) on the
+    executors, at most ``max_waves`` waves per batch in all; without it every such partition
+    lowers the cut. ``retention_nanos``: the stream's, for the alert when the change log trails
+    by half of it."""
+
+    sink: DeltaChangeLogSink
+    watched: WatchedColumnsPoll
+    log: Logger
+    monotonic: Callable[[], float] = time.monotonic
+    wall_clock: Callable[[], Nanos] = time.time_ns
+    on_landed: Callable[[LandedBatch], None] | None = None
+    read_wave: ReadWave | None = None
+    max_waves: int = 4
+    retention_nanos: Nanos | None = None
+    _landed_any: bool = field(default=False, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    """Held while a batch lands: the lease is handed over only between batches."""
+    _handed_over: bool = field(default=False, init=False)
 
     def __call__(self, frame: object, batch_id: int) -> None:
         self.land(frame.toArrow(), batch_id)  # type: ignore[attr-defined]
@@ -106,7 +97,7 @@ class BatchLanding:
         lands after it. A stopped query's batch may still be finishing on its callback thread."""
         with self._lock:
             self._handed_over = True
-            return self._sink.release_lease()
+            return self.sink.release_lease()
 
     def land(self, batch: pa.Table, batch_id: int) -> LandedBatch | None:
         """None for a batch that planned nothing (Spark's first batch of a job whose start has
@@ -118,7 +109,7 @@ class BatchLanding:
 
     def _land(self, batch: pa.Table, batch_id: int) -> LandedBatch:
         reports, identity = _reports(batch)
-        checkpoint = self._sink.checkpoint(identity.version)
+        checkpoint = self.sink.checkpoint(identity.version)
         batch_cut = BatchCut(checkpoint.resume_point, identity.end)
         batch_cut.apply(reports)
         waves, reports = self._waves(batch, identity, batch_cut, reports)
@@ -149,7 +140,7 @@ class BatchLanding:
             outcome,
             commit_timestamps if outcome == "landed" else (),
         )
-        self._log.info(
+        self.log.info(
             "spark_batch",
             batch_id=batch_id,
             outcome=outcome,
@@ -165,8 +156,8 @@ class BatchLanding:
             cut_lowered=cut.low_watermark < identity.end,
             watermark_lag_seconds=self._lag_s(cut.low_watermark),
         )
-        if self._on_landed is not None:
-            self._on_landed(landed)
+        if self.on_landed is not None:
+            self.on_landed(landed)
         return landed
 
     def _waves(
@@ -179,14 +170,14 @@ class BatchLanding:
         """The batch's first wave and the ones the driver reads after it, while the cut can
         still move and the record budget lasts; every wave's reports."""
         waves = [batch]
-        while len(waves) < self._max_waves and self._read_wave is not None:
+        while len(waves) < self.max_waves and self.read_wave is not None:
             budget = _records_left(identity.max_records, waves)
             if budget == 0:
                 break
             reads = batch_cut.next_wave(budget)
             if not reads:
                 break
-            wave = self._read_wave(reads, replace(identity, partitions=len(reads)))
+            wave = self.read_wave(reads, replace(identity, partitions=len(reads)))
             wave_reports, wave_identity = _reports(wave)
             if wave_identity.partitions != len(reads):
                 raise BatchPlanError(f"a wave of {len(reads)} reads reported as another")
@@ -200,29 +191,29 @@ class BatchLanding:
     ) -> CommitResult | None:
         """The whole transactions below the cut as the change log's next version; None when
         another writer landed it first (this query was down)."""
-        self._sink.continue_after(checkpoint)
-        watched = self._watched.changes(cut.low_watermark, self._monotonic())
+        self.sink.continue_after(checkpoint)
+        watched = self.watched.changes(cut.low_watermark, self.monotonic())
         try:
-            result = self._sink.commit_rows(_ordered(below), transactions, cut, watched)
+            result = self.sink.commit_rows(_ordered(below), transactions, cut, watched)
         except WriterFenced:
             if self._landed_any:
                 raise
             return None  # superseded: another writer landed v + 1 while this query was down
         if not result.replayed:
             self._needs_backfill(watched, cut.low_watermark)
-            self._watched.landed(watched)
-            lag_nanos = self._wall_clock() - cut.low_watermark
-            report_commit(self._log, result, watched, cut.low_watermark, lag_nanos)
-            if self._retention_nanos is not None:
-                warn_near_retention(self._log, lag_nanos, self._retention_nanos)
+            self.watched.landed(watched)
+            lag_nanos = self.wall_clock() - cut.low_watermark
+            report_commit(self.log, result, watched, cut.low_watermark, lag_nanos)
+            if self.retention_nanos is not None:
+                warn_near_retention(self.log, lag_nanos, self.retention_nanos)
         return result
 
     def _needs_backfill(self, watched: WatchedColumns, low_watermark: Nanos) -> None:
         """The Spark source runs no table snapshot: a table whose new columns Spanner filled
         without change records is named for the service to read again."""
-        gained = self._watched.gained_columns(watched, low_watermark)
+        gained = self.watched.gained_columns(watched, low_watermark)
         if gained:
-            self._log.error(
+            self.log.error(
                 "column_backfill_needed",
                 tables=list(gained),
                 remedy="run `python -m ingest run` and `python -m ingest snapshot-table` for "
@@ -230,7 +221,7 @@ class BatchLanding:
             )
 
     def _lag_s(self, low_watermark: Nanos) -> float:
-        return round((self._wall_clock() - low_watermark) / NANOS_PER_SECOND, 3)
+        return round((self.wall_clock() - low_watermark) / NANOS_PER_SECOND, 3)
 
 
 def _records_left(budget: int | None, waves: list[pa.Table]) -> int | None:

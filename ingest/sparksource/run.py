@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import structlog
 
 from ingest.changestream.watched_columns import read_column_defaults, read_watched_columns
 from ingest.delta.batcher import WatchedColumnsPoll
@@ -37,11 +36,10 @@ from ingest.sparksource.snapshot import SparkSnapshotSettings, snapshot_in_tasks
 from ingest.sparksource.source import NAME, WAVE, ChangeStreamDataSource, SourceOptions, wave_json
 from runtime.errors import BadInput, ReportedError
 from runtime.jvm import JvmLog
+from runtime.logs import Logger
 from runtime.options import in_range, integer, load_options, non_empty, option, reference, seconds
 from runtime.spark_session import session_settings, start_session
 from runtime.storage import STORE_ENVIRONMENT
-
-Logger = structlog.typing.FilteringBoundLogger
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import structlog
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from ingest.changestream import query
@@ -42,8 +41,8 @@ from ingest.rules.snapshot_parts import PartToRead
 from ingest.snapshot.parts import PartRead, PartSettings, read_parts, read_range, split_tables
 from ingest.snapshot.reader import count_rows, read_table, sample_keys
 from ingest.sparksource.source import spanner_database
+from runtime.logs import Logger
 
-Logger = structlog.typing.FilteringBoundLogger
 NAME = "spanner_snapshot_part"
 PART_SCHEMA = "file STRING, rows BIGINT, last_key STRING, done BOOLEAN"
 FILE_BYTES = 128 * 1024 * 1024
@@ -135,46 +134,36 @@ class SparkSnapshotSettings:
     task_bytes: int
 
 
+@dataclass(frozen=True, slots=True)
 class SparkSnapshot:
     """The driver's side: ranges read as one-task Spark jobs, their files committed by the
     service's sink (the job's only writer, fenced as every commit is)."""
 
-    def __init__(
-        self,
-        session: Any,
-        config: JobConfig,
-        sink: DeltaChangeLogSink,
-        columns: WatchedColumns,
-        read_timestamp: Nanos,
-        settings: SparkSnapshotSettings,
-        log: Logger,
-        on_reads: Callable[[Sequence[PartRead]], None],
-    ) -> None:
-        self._on_reads = on_reads
-        self._session = session
-        self._config = config
-        self._sink = sink
-        self._columns = columns
-        self._read_timestamp = read_timestamp
-        self._settings = settings
-        self._log = log
+    session: Any
+    config: JobConfig
+    sink: DeltaChangeLogSink
+    columns: WatchedColumns
+    read_timestamp: Nanos
+    settings: SparkSnapshotSettings
+    log: Logger
+    on_reads: Callable[[Sequence[PartRead]], None]
 
     def read_part(self, part: PartToRead) -> PartRead:
         task = PartTask(
-            self._config.project,
-            self._config.instance,
-            self._config.database,
-            self._config.table_uri,
+            self.config.project,
+            self.config.instance,
+            self.config.database,
+            self.config.table_uri,
             part.table,
-            column_types_json(self._columns[part.table]),
-            to_rfc3339(self._read_timestamp),
+            column_types_json(self.columns[part.table]),
+            to_rfc3339(self.read_timestamp),
             key_to_json(part.part.resume_after),
             key_to_json(part.part.end),
-            self._settings.task_bytes,
-            self._config.snapshot_chunk_rows,
-            self._config.snapshot_chunk_mb * 1024 * 1024,
+            self.settings.task_bytes,
+            self.config.snapshot_chunk_rows,
+            self.config.snapshot_chunk_mb * 1024 * 1024,
         )
-        rows = self._session.read.format(NAME).option("part", task.to_json()).load().collect()
+        rows = self.session.read.format(NAME).option("part", task.to_json()).load().collect()
         files = tuple(SnapshotFile.from_json(r.file) for r in rows if r.file is not None)
         (summary,) = [r for r in rows if r.file is None]
         last_key = (
@@ -195,22 +184,22 @@ class SparkSnapshot:
             deletes = self._deletes(table, written[table])
             files += deletes
             rows += sum(f.rows for f in deletes)
-        landed = self._sink.commit_snapshot_files([f.add_action() for f in files], rows, progress)
-        self._on_reads(reads)
+        landed = self.sink.commit_snapshot_files([f.add_action() for f in files], rows, progress)
+        self.on_reads(reads)
         return landed
 
     def _deletes(self, table: str, landing: list[SnapshotFile]) -> list[SnapshotFile]:
-        changelog = self._sink.table()
-        if changelog is None or not holds_rows_before(changelog, table, self._read_timestamp):
+        changelog = self.sink.table()
+        if changelog is None or not holds_rows_before(changelog, table, self.read_timestamp):
             return []
-        found = read_keys(self._config.table_uri, landing)
-        deleted = absent_keys(changelog, table, self._read_timestamp, found)
+        found = read_keys(self.config.table_uri, landing)
+        deleted = absent_keys(changelog, table, self.read_timestamp, found)
         if not deleted:
             return []
-        writer = SnapshotFileWriter(self._config.table_uri, self._read_timestamp, FILE_BYTES)
-        columns: tuple[ColumnType, ...] = self._columns[table]
+        writer = SnapshotFileWriter(self.config.table_uri, self.read_timestamp, FILE_BYTES)
+        columns: tuple[ColumnType, ...] = self.columns[table]
         writer.write([SnapshotChunk(table, columns, [], None, True, tuple(deleted))])
-        self._log.info("snapshot_keys_deleted", table=table, keys=len(deleted))
+        self.log.info("snapshot_keys_deleted", table=table, keys=len(deleted))
         return writer.close()
 
 

@@ -9,7 +9,6 @@ import json
 from collections.abc import Mapping
 
 import pyarrow as pa
-import structlog
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
@@ -22,9 +21,8 @@ from pipeline.merges import (
 )
 from pipeline.mirror import create_mirror
 from runtime.errors import BadInput
+from runtime.logs import Logger
 from runtime.storage import delta_storage_options
-
-Logger = structlog.typing.FilteringBoundLogger
 
 
 class OutputSchemaChanged(BadInput, ValueError):
