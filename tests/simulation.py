@@ -13,20 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ingest.model.records import (
-    ChangeRecord,
-    ChildPartition,
-    ChildPartitionsRecord,
-    ColumnType,
-    DataChangeRecord,
-    HeartbeatRecord,
-    Mod,
-    PartitionEndRecord,
-    PartitionEventRecord,
-    PartitionStartRecord,
-    Transaction,
-    record_timestamp,
-)
+from ingest.model import records as model
 from ingest.model.timestamps import Nanos
 from ingest.rules.partitions import INITIAL_PARTITION
 
@@ -47,41 +34,43 @@ class Topology:
     end: Nanos
     partitions: dict[str, SimPartition]
     initial_tokens: list[str]
-    transactions: list[Transaction]
+    transactions: list[model.Transaction]
     heartbeats: dict[str, list[Nanos]]
     owner_of: dict[tuple[str, str], str]
     """(server_transaction_id, record_sequence) → the partition that returns the record."""
 
-    def records_by_partition(self) -> dict[str, list[ChangeRecord]]:
-        data: dict[str, list[DataChangeRecord]] = defaultdict(list)
+    def records_by_partition(self) -> dict[str, list[model.ChangeRecord]]:
+        data: dict[str, list[model.DataChangeRecord]] = defaultdict(list)
         for transaction in self.transactions:
             for record in transaction.records:
                 owner = self.owner_of[(record.server_transaction_id, record.record_sequence)]
                 data[owner].append(record)
-        streams: dict[str, list[ChangeRecord]] = {}
+        streams: dict[str, list[model.ChangeRecord]] = {}
         for token, partition in self.partitions.items():
-            timed: list[tuple[Nanos, int, ChangeRecord]] = [
+            timed: list[tuple[Nanos, int, model.ChangeRecord]] = [
                 (r.commit_timestamp, 0, r) for r in data[token]
             ]
-            timed += [(ts, 1, HeartbeatRecord(ts)) for ts in self.heartbeats[token]]
+            timed += [(ts, 1, model.HeartbeatRecord(ts)) for ts in self.heartbeats[token]]
             timed.sort(key=lambda item: (item[0], item[1]))
-            stream: list[ChangeRecord] = [item[2] for item in timed]
+            stream: list[model.ChangeRecord] = [item[2] for item in timed]
             if partition.end is not None:
                 stream.append(
-                    ChildPartitionsRecord(
+                    model.ChildPartitionsRecord(
                         partition.end,
                         "00000000",
-                        tuple(ChildPartition(t, parents) for t, parents in partition.children),
+                        tuple(
+                            model.ChildPartition(t, parents) for t, parents in partition.children
+                        ),
                     )
                 )
             streams[token] = stream
         streams[INITIAL_PARTITION] = [
-            ChildPartitionsRecord(self.start, f"{i:08d}", (ChildPartition(token, ()),))
+            model.ChildPartitionsRecord(self.start, f"{i:08d}", (model.ChildPartition(token, ()),))
             for i, token in enumerate(self.initial_tokens)
         ]
         return streams
 
-    def expected(self) -> list[Transaction]:
+    def expected(self) -> list[model.Transaction]:
         return sorted(self.transactions, key=lambda t: t.order_key)
 
 
@@ -124,7 +113,7 @@ def build_topology(
                 parent.children.append((child.token, (parent.token,)))
                 live.append(child)
 
-    committed: list[Transaction] = []
+    committed: list[model.Transaction] = []
     owner_of: dict[tuple[str, str], str] = {}
     for number in range(transactions):
         ts = rng.randint(T0, end)
@@ -139,7 +128,7 @@ def build_topology(
         )
         for sequence, owner in enumerate(owners):
             owner_of[(txid, f"{sequence:08d}")] = owner.token
-        committed.append(Transaction(ts, txid, records))
+        committed.append(model.Transaction(ts, txid, records))
 
     heartbeats: dict[str, list[Nanos]] = {}
     for partition in partitions.values():
@@ -153,9 +142,9 @@ def build_topology(
     )
 
 
-def records_from(stream: list[ChangeRecord], start: Nanos) -> list[ChangeRecord]:
+def records_from(stream: list[model.ChangeRecord], start: Nanos) -> list[model.ChangeRecord]:
     """What a query of the partition from ``start`` returns (Spanner filters on timestamps)."""
-    return [record for record in stream if record_timestamp(record) >= start]
+    return [record for record in stream if model.record_timestamp(record) >= start]
 
 
 def build_wide_topology(
@@ -182,7 +171,7 @@ def build_wide_topology(
     end = start + horizon
     change_times = sorted(rng.sample(range(start + 1, end), changes))
     commit_times = sorted(rng.randint(start + 1, end - 1) for _ in range(transactions))
-    committed: list[Transaction] = []
+    committed: list[model.Transaction] = []
     owner_of: dict[tuple[str, str], str] = {}
     changes_left = iter(change_times)
     next_change = next(changes_left, None)
@@ -200,7 +189,7 @@ def build_wide_topology(
         )
         for sequence, owner in enumerate(owners):
             owner_of[(txid, f"{sequence:08d}")] = owner.token
-        committed.append(Transaction(ts, txid, records))
+        committed.append(model.Transaction(ts, txid, records))
     while next_change is not None:
         _change(rng, live, new, next_change)
         next_change = next(changes_left, None)
@@ -234,18 +223,18 @@ def _change(
 
 def _data_record(
     ts: Nanos, txid: str, number: int, sequence: int, records: int, partitions: int
-) -> DataChangeRecord:
-    return DataChangeRecord(
+) -> model.DataChangeRecord:
+    return model.DataChangeRecord(
         commit_timestamp=ts,
         record_sequence=f"{sequence:08d}",
         server_transaction_id=txid,
         is_last_record_in_transaction_in_partition=False,
         table_name="t",
         column_types=(
-            ColumnType("k", {"code": "INT64"}, True, 1),
-            ColumnType("v", {"code": "INT64"}, False, 2),
+            model.ColumnType("k", {"code": "INT64"}, True, 1),
+            model.ColumnType("v", {"code": "INT64"}, False, 2),
         ),
-        mods=(Mod({"k": str(number * 10 + sequence)}, {"v": sequence}, {}),),
+        mods=(model.Mod({"k": str(number * 10 + sequence)}, {"v": sequence}, {}),),
         mod_type="INSERT",
         value_capture_type="NEW_ROW_AND_OLD_VALUES",
         number_of_records_in_transaction=records,
@@ -257,49 +246,51 @@ def _data_record(
 
 def mutable_key_range_streams(
     topology: Topology, rng: random.Random
-) -> dict[str, list[ChangeRecord]]:
+) -> dict[str, list[model.ChangeRecord]]:
     """The same topology as a ``MUTABLE_KEY_RANGE`` stream serves it: the initial query
     announces the first partitions in a partition start record; a partition whose key ranges
     move on sends a move-out event, a partition start record announcing where they go (a merge's
     two parents announce the same one) and its partition end record, all at its end; each new
     partition opens with a move-in event; and key ranges move between live partitions at random
     times too (event records in both)."""
-    streams: dict[str, list[ChangeRecord]] = {}
+    streams: dict[str, list[model.ChangeRecord]] = {}
     for token, stream in topology.records_by_partition().items():
         if token == INITIAL_PARTITION:
             streams[token] = [
-                PartitionStartRecord(topology.start, "00000000", tuple(topology.initial_tokens))
+                model.PartitionStartRecord(
+                    topology.start, "00000000", tuple(topology.initial_tokens)
+                )
             ]
             continue
         partition = topology.partitions[token]
-        records: list[ChangeRecord] = [
-            r for r in stream if not isinstance(r, ChildPartitionsRecord)
+        records: list[model.ChangeRecord] = [
+            r for r in stream if not isinstance(r, model.ChildPartitionsRecord)
         ]
         if partition.start > topology.start:
-            records.insert(0, PartitionEventRecord(partition.start, "00000000", token))
+            records.insert(0, model.PartitionEventRecord(partition.start, "00000000", token))
         last = partition.end if partition.end is not None else topology.end
         for _ in range(rng.randint(0, 2)):
             if last - 1 > partition.start:
                 at = rng.randint(partition.start + 1, last - 1)
-                records.append(PartitionEventRecord(at, "00000009", token))
+                records.append(model.PartitionEventRecord(at, "00000009", token))
         if partition.end is not None:
             children = tuple(child for child, _ in partition.children)
             records += [
-                PartitionEventRecord(partition.end, "00000010", token),
-                PartitionStartRecord(partition.end, "00000011", children),
-                PartitionEndRecord(partition.end, "00000012", token),
+                model.PartitionEventRecord(partition.end, "00000010", token),
+                model.PartitionStartRecord(partition.end, "00000011", children),
+                model.PartitionEndRecord(partition.end, "00000012", token),
             ]
-        records.sort(key=lambda r: (record_timestamp(r), _rank(r)))
+        records.sort(key=lambda r: (model.record_timestamp(r), _rank(r)))
         streams[token] = records
     return streams
 
 
-def _rank(record: ChangeRecord) -> int:
+def _rank(record: model.ChangeRecord) -> int:
     """Order at one timestamp: events and data, then heartbeats, then the partition's end."""
-    if isinstance(record, PartitionStartRecord):
+    if isinstance(record, model.PartitionStartRecord):
         return 2
-    if isinstance(record, PartitionEndRecord):
+    if isinstance(record, model.PartitionEndRecord):
         return 3
-    if isinstance(record, HeartbeatRecord):
+    if isinstance(record, model.HeartbeatRecord):
         return 1
     return 0

@@ -16,18 +16,7 @@ from hypothesis import strategies as st
 from ingest.changestream.mapper import UnknownRecordError
 from ingest.changestream.proto_mapper import proto_row_mapper
 from ingest.changestream.raw_mapper import googlesql_raw_row_mapper
-from ingest.model.records import (
-    ChangeRecord,
-    ChildPartition,
-    ChildPartitionsRecord,
-    ColumnType,
-    DataChangeRecord,
-    HeartbeatRecord,
-    Mod,
-    PartitionEndRecord,
-    PartitionEventRecord,
-    PartitionStartRecord,
-)
+from ingest.model import records as model
 from tests.scripted_spanner import (
     CHANGE_RECORD,
     MUTABLE_KEY_RANGE_RECORD,
@@ -52,7 +41,7 @@ json_objects = st.dictionaries(
 )
 column_types = st.lists(
     st.builds(
-        ColumnType,
+        model.ColumnType,
         name=texts,
         type=st.sampled_from(
             [
@@ -68,14 +57,16 @@ column_types = st.lists(
     max_size=4,
 ).map(tuple)
 data_change_records = st.builds(
-    DataChangeRecord,
+    model.DataChangeRecord,
     commit_timestamp=timestamps,
     record_sequence=texts,
     server_transaction_id=texts,
     is_last_record_in_transaction_in_partition=st.booleans(),
     table_name=texts,
     column_types=column_types,
-    mods=st.lists(st.builds(Mod, json_objects, json_objects, json_objects), max_size=4).map(tuple),
+    mods=st.lists(st.builds(model.Mod, json_objects, json_objects, json_objects), max_size=4).map(
+        tuple
+    ),
     mod_type=st.sampled_from(["INSERT", "UPDATE", "DELETE"]),
     value_capture_type=st.sampled_from(["OLD_AND_NEW_VALUES", "NEW_ROW", "NEW_VALUES"]),
     number_of_records_in_transaction=st.integers(1, 2**31 - 1),
@@ -84,12 +75,12 @@ data_change_records = st.builds(
     is_system_transaction=st.booleans(),
 )
 child_partitions_records = st.builds(
-    ChildPartitionsRecord,
+    model.ChildPartitionsRecord,
     start_timestamp=timestamps,
     record_sequence=texts,
     child_partitions=st.lists(
         st.builds(
-            ChildPartition,
+            model.ChildPartition,
             token=texts.filter(bool),
             parent_partition_tokens=st.lists(texts.filter(bool), max_size=2).map(tuple),
         ),
@@ -98,14 +89,14 @@ child_partitions_records = st.builds(
     ).map(tuple),
 )
 records = st.one_of(
-    data_change_records, child_partitions_records, st.builds(HeartbeatRecord, timestamps)
+    data_change_records, child_partitions_records, st.builds(model.HeartbeatRecord, timestamps)
 )
 
 
 def through_the_client(rows: list[list[Any]], row_type: Type = CHANGE_RECORD) -> list:
     values = [json_format.ParseDict(row, struct_pb2.Value()) for row in rows]
     results = StreamedResultSet(iter(result_messages(values, row_type)), lazy_decode=True)
-    out: list[ChangeRecord] = []
+    out: list[model.ChangeRecord] = []
     to_records = None
     for row in results:
         to_records = to_records or googlesql_raw_row_mapper(results.fields)
@@ -115,21 +106,21 @@ def through_the_client(rows: list[list[Any]], row_type: Type = CHANGE_RECORD) ->
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(records, min_size=1, max_size=6))
-def test_every_record_comes_back_equal(sent: list[ChangeRecord]) -> None:
+def test_every_record_comes_back_equal(sent: list[model.ChangeRecord]) -> None:
     assert through_the_client([encode(record) for record in sent]) == sent
 
 
 def test_column_types_built_once_are_shared_by_later_records() -> None:
-    columns = (ColumnType("id", {"code": "INT64"}, True, 1),)
+    columns = (model.ColumnType("id", {"code": "INT64"}, True, 1),)
     sent = [
-        DataChangeRecord(
+        model.DataChangeRecord(
             n,
             "0",
             f"t{n}",
             True,
             "t",
             columns,
-            (Mod({"id": str(n)}, {}, {}),),
+            (model.Mod({"id": str(n)}, {}, {}),),
             "INSERT",
             "NEW_ROW",
             1,
@@ -158,25 +149,26 @@ def test_a_change_record_with_no_record_set_fails() -> None:
         through_the_client([[[[], [], []]]])
 
 
-def mutable_key_range_data_records() -> st.SearchStrategy[DataChangeRecord]:
+def mutable_key_range_data_records() -> st.SearchStrategy[model.DataChangeRecord]:
     """Data change records whose mods name only listed columns, as Spanner sends them."""
 
     @st.composite
-    def build(draw: st.DrawFn) -> DataChangeRecord:
+    def build(draw: st.DrawFn) -> model.DataChangeRecord:
         names = draw(st.lists(texts, min_size=1, max_size=4, unique=True))
         types = [
             draw(column_types.map(lambda c: c[0].type if c else {"code": "INT64"})) for _ in names
         ]
         columns = tuple(
-            ColumnType(name, t, i == 0, i + 1)
+            model.ColumnType(name, t, i == 0, i + 1)
             for i, (name, t) in enumerate(zip(names, types, strict=True))
         )
         values = st.dictionaries(st.sampled_from(names), json_scalars, max_size=len(names))
         record = draw(data_change_records)
         mods = tuple(
-            Mod(draw(values), draw(values), draw(values)) for _ in range(draw(st.integers(0, 3)))
+            model.Mod(draw(values), draw(values), draw(values))
+            for _ in range(draw(st.integers(0, 3)))
         )
-        return DataChangeRecord(
+        return model.DataChangeRecord(
             **{
                 **{f: getattr(record, f) for f in record.__slots__},
                 "column_types": columns,
@@ -189,21 +181,23 @@ def mutable_key_range_data_records() -> st.SearchStrategy[DataChangeRecord]:
 
 mutable_key_range_records = st.one_of(
     mutable_key_range_data_records(),
-    st.builds(HeartbeatRecord, timestamps),
-    st.builds(PartitionStartRecord, timestamps, texts, st.lists(texts, max_size=3).map(tuple)),
-    st.builds(PartitionEndRecord, timestamps, texts, texts),
-    st.builds(PartitionEventRecord, timestamps, texts, texts),
+    st.builds(model.HeartbeatRecord, timestamps),
+    st.builds(
+        model.PartitionStartRecord, timestamps, texts, st.lists(texts, max_size=3).map(tuple)
+    ),
+    st.builds(model.PartitionEndRecord, timestamps, texts, texts),
+    st.builds(model.PartitionEventRecord, timestamps, texts, texts),
 )
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(mutable_key_range_records, min_size=1, max_size=6))
-def test_every_mutable_key_range_record_comes_back_equal(sent: list[ChangeRecord]) -> None:
+def test_every_mutable_key_range_record_comes_back_equal(sent: list[model.ChangeRecord]) -> None:
     """The PROTO ChangeStreamRecord of the MUTABLE_KEY_RANGE mode, through the client."""
     values = [row_value(record, mutable_key_range=True) for record in sent]
     messages = result_messages(values, MUTABLE_KEY_RANGE_RECORD)
     results = StreamedResultSet(iter(messages), lazy_decode=True)
-    received: list[ChangeRecord] = []
+    received: list[model.ChangeRecord] = []
     for row in results:
         received.extend(proto_row_mapper(results.fields)(row))
     assert received == sent

@@ -16,7 +16,6 @@ import itertools
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from google.cloud.spanner_v1.database import Database
 from pyspark.sql import types as T
 
 from emulator.bootstrap import bootstrap
+from emulator.processes import terminate
 from emulator.verify import changelog_watermark
 from ingest.model.timestamps import from_datetime, to_rfc3339
 from pipeline.catalog import discover_shapes, scan
@@ -104,6 +104,17 @@ class Source:
     def job(self, name: str, changelog: Path | None = None) -> PipelineConfig:
         return configure(self.folder / name, changelog_uri=str(changelog or self.changelog))
 
+    def rebuilt_equals_following(
+        self, spark: Any, following: PipelineConfig, table: str, changelog: Path | None = None
+    ) -> PipelineConfig:
+        """A job built afresh from the whole change log runs with no restart, and it and the job
+        that followed the changes both equal Spanner at W; returns the rebuilt job's."""
+        rebuilt = self.job(f"{table}-rebuilt", changelog)
+        assert run(spark, rebuilt).restarts == 0
+        for config in (following, rebuilt):
+            self.assert_mirrors_equal_spanner(config, table)
+        return rebuilt
+
     def assert_mirrors_equal_spanner(self, config: PipelineConfig, *tables: str) -> None:
         shapes, comparisons = compare_at_watermark(
             self.database, config.changelog_uri, config.mirror_root, tables
@@ -126,11 +137,7 @@ def source(
         service.wait_for("ingest_started", 1, timeout=60, process=process)
         yield Source(database, changelog, service, process, folder)
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        finally:
-            process.kill()
+        terminate(process, timeout=20)
 
 
 def mirror(config: PipelineConfig, table: str) -> dict[int, dict[str, Any]]:
@@ -183,10 +190,7 @@ def test_null_array_elements_empty_and_null_arrays_reach_the_mirror(spark, sourc
     last = source.write(lambda b: b.insert("arrays", columns, [empty, null]))
     source.landed(last)
     run(spark, following)
-    rebuilt = source.job("arrays-rebuilt")
-    assert run(spark, rebuilt).restarts == 0
-    for config in (following, rebuilt):
-        source.assert_mirrors_equal_spanner(config, "arrays")
+    source.rebuilt_equals_following(spark, following, "arrays")
     rows = mirror(following, "arrays")
     assert rows[1]["a_int64"] == [1, None, -(2**63)]
     assert rows[1]["a_date"][1] is None and rows[1]["a_json"][1] is None
@@ -216,10 +220,7 @@ def test_string_bytes_changes_are_crossed_behind_and_replayed(spark, source: Sou
     last = source.write(lambda b: b.insert("retyped", ["id", "owner", "n"], [(4, "fay", 4)]))
     source.landed(last)
     assert run(spark, following).restarts <= 1
-    rebuilt = source.job("retyped-rebuilt")
-    assert run(spark, rebuilt).restarts == 0
-    for config in (following, rebuilt):
-        source.assert_mirrors_equal_spanner(config, "retyped")
+    rebuilt = source.rebuilt_equals_following(spark, following, "retyped")
     assert {k: r["owner"] for k, r in mirror(rebuilt, "retyped").items()} == {
         1: "ann",
         2: "zöe",
@@ -239,10 +240,8 @@ def test_a_column_dropped_and_added_again_with_another_type_flows(spark, source:
     last = source.write(lambda b: b.insert("ratios", ["id", "ratio"], [(3, 0.5)]))
     source.landed(last)
     assert run(spark, following).restarts <= 1
-    rebuilt = source.job("ratios-rebuilt")
-    assert run(spark, rebuilt).restarts == 0
+    rebuilt = source.rebuilt_equals_following(spark, following, "ratios")
     for config in (following, rebuilt):
-        source.assert_mirrors_equal_spanner(config, "ratios")
         assert {k: r["ratio"] for k, r in mirror(config, "ratios").items()} == {
             1: None,
             2: None,
@@ -268,10 +267,8 @@ def test_a_dropped_column_reads_null_in_the_mirror_and_comes_back_new(
     last = source.write(lambda b: b.update("tiers", ["id", "tier"], [(2, "new")]))
     source.landed(last)
     assert run(spark, following).restarts <= 1
-    rebuilt = source.job("tiers-rebuilt")
-    assert run(spark, rebuilt).restarts == 0
+    rebuilt = source.rebuilt_equals_following(spark, following, "tiers")
     for config in (following, rebuilt):
-        source.assert_mirrors_equal_spanner(config, "tiers")
         assert {k: r["tier"] for k, r in mirror(config, "tiers").items()} == {
             1: None,
             2: "new",
@@ -320,16 +317,10 @@ def test_a_drop_under_a_new_values_stream_shows_without_another_write(
             assert time.monotonic() < deadline, "no schema row showed the drop in 60 s"
             time.sleep(0.2)
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        finally:
-            process.kill()
+        terminate(process, timeout=20)
     assert run(spark, following).restarts == 0
-    rebuilt = source.job("plans-rebuilt", changelog)
-    assert run(spark, rebuilt).restarts == 0
+    rebuilt = source.rebuilt_equals_following(spark, following, "plans", changelog)
     for config in (following, rebuilt):
-        source.assert_mirrors_equal_spanner(config, "plans")
         assert {k: r["tier"] for k, r in mirror(config, "plans").items()} == {1: None, 2: None}
         assert {k: r["n"] for k, r in mirror(config, "plans").items()} == {1: 10, 2: 2}
 
