@@ -21,9 +21,6 @@ Usage: python bench/beyond_mirrors.py [--rows 200000] [--keys 20000] [--batches 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
 import shutil
 import statistics
 import sys
@@ -37,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from deltalake import DeltaTable
 from pipeline_throughput import land_changelog
 
+from emulator.machine import machine_line
 from pipeline.config import PipelineConfig
 from pipeline.job import run_pipeline, spark_settings
 from pipeline.session import build_session
@@ -103,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     land_changelog(warm_up, args.rows // 10, max(1, args.keys // 10), 2)
     run_case(spark, "mirrors", warm_up, root / "warm-up")
     print(
-        f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores, local[2], "
-        f"{args.rows} change rows of {args.keys} keys in {args.batches} versions, "
-        f"one version per micro-batch, {args.rounds} rounds in alternating order"
+        machine_line(
+            f"local[2], "
+            f"{args.rows} change rows of {args.keys} keys in {args.batches} versions, "
+            f"one version per micro-batch, {args.rounds} rounds in alternating order"
+        )
     )
     print("round\tcase\tseconds")
     cases = [name for name in CASES if name in args.cases.split(",")]

@@ -13,9 +13,7 @@ Usage: python bench/changelog_commits.py [--seconds 30]
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -24,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from emulator.machine import machine_line
 from emulator.object_store import minio
 from ingest.delta.sink import DeltaChangeLogSink
 from tests.test_sink import COMMIT, point, transactions
@@ -50,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     ).stdout.strip()
     work = Path(tempfile.mkdtemp(prefix="changelog-commits-"))
     print(
-        f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores, commit {commit}; "
-        f"back-to-back sink commits for {args.seconds:g} s per store; MinIO on loopback"
+        machine_line(
+            f"commit {commit}; "
+            f"back-to-back sink commits for {args.seconds:g} s per store; MinIO on loopback"
+        )
     )
     print("store\tcommits\tseconds\tcommits/s\tms/commit\tratio to local")
     with minio(work / "minio") as s3:

@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import json
 import os
-import platform
 import random
 import signal
 import subprocess
@@ -43,6 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from emulator.machine import machine_line
 from runtime.process import PROCESS_ENVIRONMENT
 
 os.environ.pop("SPANNER_EMULATOR_HOST", None)
@@ -237,9 +236,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work = Path(tempfile.mkdtemp(prefix="commit-to-mirror-"))
     print(
-        f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores; scripted server, "
-        f"{args.partitions} partitions, {args.rows} row(s) per record, {args.seconds:g} s "
-        f"measured after {args.warmup:g} s of warm-up"
+        machine_line(
+            f"scripted server, "
+            f"{args.partitions} partitions, {args.rows} row(s) per record, {args.seconds:g} s "
+            f"measured after {args.warmup:g} s of warm-up"
+        )
     )
     print(
         "rate/s\tcommitted\tmeasured\tmirrored\tbatches\tfirst batch s\tmirror p50/p99 s"

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from google.cloud.spanner_v1 import PartialResultSet, TypeCode
 from google.cloud.spanner_v1.streamed import StreamedResultSet
 
+from emulator.machine import machine_line
 from ingest.changestream import mapper, raw_mapper
 from ingest.model.records import ChangeRecord, ColumnType, DataChangeRecord, Mod
 from tests.scripted_spanner import result_messages, row_value
@@ -139,7 +138,7 @@ def main() -> None:
     records: list[ChangeRecord] = [production_record(n, args.columns) for n in range(args.records)]
     messages = result_messages([row_value(record) for record in records])
     assert decode(messages, lazy=True) == decode(messages, lazy=False) == records
-    print(f"# {platform.node()} {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(machine_line())
     print(f"# {args.records} data change records of 10 mods over {args.columns} columns")
     rates: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(args.repeats):

@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import io
 import os
-import platform
 import random
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from emulator.machine import machine_line
 from runtime.process import PROCESS_ENVIRONMENT
 
 os.environ.pop("SPANNER_EMULATOR_HOST", None)
@@ -156,7 +156,7 @@ def main() -> None:
     finally:
         server.kill()
         server.wait()
-    print(f"# {platform.node()} {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(machine_line())
     print(
         f"# {len(expected)} transactions, {data_records} data change records of 10 mods over "
         f"10 columns, {len(topology.partitions)} partitions, {len(recording.queries)} queries"

@@ -17,7 +17,6 @@ import argparse
 import io
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -33,6 +32,7 @@ from deltalake import write_deltalake
 from google.cloud import spanner
 
 from emulator.bootstrap import bootstrap
+from emulator.machine import machine_line
 from emulator.server import emulator
 from emulator.verify import landed_transactions
 from emulator.workload import Workload, WorkloadConfig, run_in_subprocess
@@ -180,10 +180,7 @@ def main() -> int:
     parser.add_argument("--live-seconds", type=float, default=15)
     parser.add_argument("--rate", type=float, default=20)
     args = parser.parse_args()
-    print(
-        f"machine: {platform.machine()} {os.cpu_count()} cores, python "
-        f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}"
-    )
+    print(machine_line())
     try:
         with emulator() as running:
             os.environ["SPANNER_EMULATOR_HOST"] = running.host_port

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from typing import Any
 from google.cloud import spanner
 
 from emulator.bootstrap import bootstrap
+from emulator.machine import machine_line
 from emulator.omissions import PRODUCT_DROPPED, classify, reread_commits
 from emulator.processes import Process
 from emulator.server import emulator
@@ -115,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("GOOGLE_CLOUD_SPANNER_MULTIPLEXED_SESSIONS", "false")
     work = Path(tempfile.mkdtemp(prefix="live-audit-"))
     print(
-        f"# {time.strftime('%Y-%m-%d')} {platform.node()} {os.cpu_count()} cores; "
-        f"{args.repeats} x {args.seconds:g} s at {args.rate:g} single-row transactions/s"
+        machine_line(
+            f"{args.repeats} x {args.seconds:g} s at {args.rate:g} single-row transactions/s"
+        )
     )
     print("repeat\tcommitted\tlanded\tre-read\tmissing\tclassified")
     totals: Counter[str] = Counter()

@@ -19,9 +19,6 @@ Usage: python bench/microbatch_cpu.py [--rows 50] [--warmup 10] [--versions 60]
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
 import random
 import sys
 import tempfile
@@ -35,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline_throughput import MODS_PER_TRANSACTION, START, account_transaction
 
 from emulator.local_run import pipeline_process
+from emulator.machine import machine_line
 from emulator.processes import Process, terminate, tree_cpu_seconds
 from ingest.delta.sink import DeltaChangeLogSink, Maintenance
 from ingest.model.resume import ResumablePartitions, ResumePoint
@@ -106,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-every", default="100,10")
     args = parser.parse_args(argv)
     print(
-        f"# {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC {platform.node()} {os.cpu_count()} "
-        f"cores; python -m pipeline run (defaults) tailing a version of {args.rows} rows a second"
+        machine_line(
+            f"python -m pipeline run (defaults) tailing a version of {args.rows} rows a second"
+        )
     )
     print("checkpoint every\tbatches\tCPU s\tCPU s per batch\tcores\tidle cores")
     for every in (int(v) for v in args.checkpoint_every.split(",")):

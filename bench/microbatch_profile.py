@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import functools
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -42,6 +40,7 @@ from pipeline_throughput import MODS_PER_TRANSACTION, available_now, land_change
 
 import pipeline.batch_writer
 import pipeline.landing
+from emulator.machine import machine_line
 from pipeline.batch_writer import JobStats
 from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
@@ -155,10 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     marks["first batch done, from start_query"] = timers.ended_at[0] - query_started
 
     print(
-        f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores, local[2], "
-        f"{config.shuffle_partitions} shuffle partitions; {args.versions} versions of "
-        f"{args.rows_per_version} change rows "
-        f"({MODS_PER_TRANSACTION} mods per transaction), {args.keys} keys, MERGE {args.merge}"
+        machine_line(
+            f"local[2], "
+            f"{config.shuffle_partitions} shuffle partitions; {args.versions} versions of "
+            f"{args.rows_per_version} change rows "
+            f"({MODS_PER_TRANSACTION} mods per transaction), {args.keys} keys, MERGE {args.merge}"
+        )
     )
     for name, seconds in marks.items():
         print(f"{name}\t{seconds:.1f} s")

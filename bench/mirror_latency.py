@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -34,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from emulator.machine import machine_line  # noqa: E402
 from emulator.object_store import S3Store, minio  # noqa: E402
 
 MERGE_LIMITS = {"driver": "50000", "spark": "0"}
@@ -106,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="mirror-latency-"))
     print(
-        f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores; make run with "
-        f"{args.seconds:g} s of workload, {args.existing_rows} existing rows"
+        machine_line(
+            f"make run with {args.seconds:g} s of workload, {args.existing_rows} existing rows"
+        )
     )
     print(
         "rate/s\tmerge\tstore\tcommitted\tbatches\tchange log p50/p99 s\tp50 s\tp99 s"

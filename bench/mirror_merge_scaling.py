@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
-import platform
 import random
 import shutil
 import statistics
@@ -31,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
+from emulator.machine import machine_line
 from ingest.model.records import ColumnType
 from pipeline.columns import KEYS_COLUMN, OPERATION, POSITION_COLUMN
 from pipeline.mirror import create_mirror, merge_on_driver, mirror_struct
@@ -138,8 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="merge-scaling-"))
     print(
-        f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores; deltalake MERGE of "
-        f"{BATCH_KEYS}-key batches, median of {args.repeats}; built {args.file_rows} rows at a time"
+        machine_line(
+            f"deltalake MERGE of {BATCH_KEYS}-key batches, median of {args.repeats}; "
+            f"built {args.file_rows} rows at a time"
+        )
     )
     print("mirror rows\tkeys\tmedian s\tfiles rewritten (median)\tbuild s")
     rng = random.Random(11)

@@ -15,10 +15,7 @@ Usage: python bench/mirror_size_end_to_end.py [--sizes 10000,10000000] [--batche
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
 import random
 import shutil
 import statistics
@@ -33,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mirror_merge_scaling import SHAPE, batch_keys, build_mirror, ratio_to_first
 from pipeline_throughput import one_record_transaction
 
+from emulator.machine import machine_line
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import Mod
 from ingest.model.resume import ResumablePartitions, ResumePoint
@@ -105,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         "mirror-size", extra=spark_settings(PipelineConfig()), shuffle_partitions=2
     )
     print(
-        f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores; the job's micro-batches "
-        f"of 1,000 keys, median triggerExecution of batches 2..{args.batches}"
+        machine_line(
+            f"the job's micro-batches "
+            f"of 1,000 keys, median triggerExecution of batches 2..{args.batches}"
+        )
     )
     print("mirror rows\tkeys\tmedian s\tmax s\tbuild s")
     rng = random.Random(11)

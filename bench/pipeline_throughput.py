@@ -24,10 +24,7 @@ Usage: python bench/pipeline_throughput.py [--sizes 100000:10000,1000000:100000]
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
-import platform
 import random
 import shutil
 import sys
@@ -44,6 +41,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from emulator.machine import machine_line
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import ColumnType, DataChangeRecord, Mod, Transaction
 from ingest.model.resume import ResumablePartitions, ResumePoint
@@ -344,8 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
     print(
-        f"# {dt.date.today()} {platform.node()} {os.cpu_count()} cores, local[2], "
-        f"shuffle partitions {args.shuffle_partitions}, {args.batches} micro-batches per run"
+        machine_line(
+            f"local[2], "
+            f"shuffle partitions {args.shuffle_partitions}, {args.batches} micro-batches per run"
+        )
     )
     print(
         "rows\tkeys\tvariant\trows/s\tseconds\tbatches\tbatch p50 ms\tbatch max ms\tstate MiB\t"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import platform
 import sys
 import threading
 import time
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from google.cloud import spanner
 
 from emulator.bootstrap import bootstrap
+from emulator.machine import machine_line
 from emulator.server import emulator
 from emulator.workload import Workload, WorkloadConfig, run_in_subprocess
 from ingest.changestream.config import ReaderConfig
@@ -156,10 +156,7 @@ def main() -> int:
     parser.add_argument("--live-seconds", type=float, default=20)
     parser.add_argument("--rate", type=float, default=100)
     args = parser.parse_args()
-    print(
-        f"machine: {platform.machine()} {os.cpu_count()} cores, python "
-        f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}"
-    )
+    print(machine_line())
     with emulator() as running:
         os.environ["SPANNER_EMULATOR_HOST"] = running.host_port
         database = bootstrap(spanner.Client(project="local-project"), database_id="bench")

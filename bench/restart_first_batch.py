@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -32,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline_throughput import account_transaction
 
 from emulator.local_run import pipeline_process
+from emulator.machine import machine_line
 from emulator.object_store import minio
 from emulator.processes import Process
 from ingest.delta.sink import DeltaChangeLogSink
@@ -94,9 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         writer.land(range(args.keys), "INSERT")
         process = pipeline_process(folder, f"{root}/changelog", root)
         print(
-            f"# {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} {platform.node()} {os.cpu_count()} "
-            f"cores, {args.keys} keys on {args.store}, python -m pipeline run (local[2], "
-            "defaults), SIGKILL between starts"
+            machine_line(
+                f"{args.keys} keys on {args.store}, python -m pipeline run (local[2], "
+                "defaults), SIGKILL between starts"
+            )
         )
         print("start\tquery started s\tfirst batch s")
         for start in range(args.restarts + 1):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from google.cloud import spanner
 from snapshot_throughput import bare_loop, run
 
 from emulator.bootstrap import DEFAULT_INSTANCE, bootstrap
+from emulator.machine import machine_line
 from emulator.server import emulator
 from emulator.workload import load_existing_rows
 
@@ -52,10 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         read_once(database_id, int(read_at), int(range_rows))
         return 0
     work = Path(tempfile.mkdtemp(prefix="snapshot-shapes-"))
-    print(
-        f"# {time.strftime('%Y-%m-%d')} {platform.node()} {os.cpu_count()} cores, "
-        f"{platform.machine()}, Python {platform.python_version()}; each read alone in its process"
-    )
+    print(machine_line("each read alone in its process"))
     print("rows\tread shape\tpeak RSS MiB\trows/s")
     with emulator() as running:
         os.environ["SPANNER_EMULATOR_HOST"] = running.host_port

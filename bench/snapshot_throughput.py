@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from google.cloud import spanner
 from google.cloud.spanner_v1 import KeyRange, KeySet
 
 from emulator.bootstrap import bootstrap
+from emulator.machine import machine_line
 from emulator.server import emulator
 from emulator.verify import compare_mirrors
 from emulator.workload import load_existing_rows
@@ -151,10 +151,7 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--workers", type=int, default=4)
     args = parser.parse_args()
-    print(
-        f"machine: {os.cpu_count()} cores, {platform.machine()}, "
-        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
-    )
+    print(machine_line())
     try:
         with emulator() as running:
             os.environ["SPANNER_EMULATOR_HOST"] = running.host_port

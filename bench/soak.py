@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import secrets
 import signal
 import statistics
@@ -63,6 +62,7 @@ from tenacity import (
 
 from emulator.bootstrap import bootstrap
 from emulator.local_run import pipeline_process
+from emulator.machine import machine_line
 from emulator.processes import Process, kill_tree, process_tree
 from emulator.run_report import check_mirrors
 from emulator.server import emulator, free_port
@@ -465,9 +465,11 @@ def main(argv: list[str] | None = None) -> int:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
     print(
-        f"# {time.strftime('%Y-%m-%d')} {platform.node()} {os.cpu_count()} cores, commit "
-        f"{commit or '?'}: {args.minutes:g} min at {args.rate:g} transactions/s, a column every "
-        f"{args.schema_every:g} s, kills every {args.kill_every:g} s, work in {work}",
+        machine_line(
+            f"commit {commit or '?'}: {args.minutes:g} min at {args.rate:g} transactions/s, "
+            f"a column every "
+            f"{args.schema_every:g} s, kills every {args.kill_every:g} s, work in {work}"
+        ),
         flush=True,
     )
     return run(args, work)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from google.cloud import spanner
 
 from emulator.bootstrap import bootstrap
+from emulator.machine import machine_line
 from emulator.processes import Process, kill_tree
 from emulator.server import emulator
 
@@ -61,10 +61,7 @@ def main() -> int:
     parser.add_argument("--starts", type=int, default=10)
     parser.add_argument("--load", type=int, default=1, help="busy processes beside the starts")
     args = parser.parse_args()
-    print(
-        f"machine: {platform.machine()} {os.cpu_count()} cores, python "
-        f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}"
-    )
+    print(machine_line())
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
     try:
         with emulator() as running, tempfile.TemporaryDirectory() as work:

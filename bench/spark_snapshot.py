@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from google.cloud import spanner
 from snapshot_throughput import bare_loop, snapshot_phase_seconds
 
 from emulator.bootstrap import bootstrap
+from emulator.machine import machine_line
 from emulator.processes import cpu_seconds, process_tree
 from emulator.server import emulator
 from emulator.workload import load_existing_rows
@@ -179,10 +179,7 @@ def main() -> int:
     parser.add_argument("--parts", type=int, default=64)
     parser.add_argument("--task-mb", type=int, default=256, help="INGEST_SPARK_SNAPSHOT_TASK_MB")
     args = parser.parse_args()
-    print(
-        f"machine: {os.cpu_count()} cores, {platform.machine()}, "
-        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
-    )
+    print(machine_line())
     try:
         with emulator() as running:
             os.environ["SPANNER_EMULATOR_HOST"] = running.host_port

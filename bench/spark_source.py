@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -41,6 +40,7 @@ os.environ.pop("SPANNER_EMULATOR_HOST", None)
 
 from wide_reader import percentile, serve
 
+from emulator.machine import machine_line
 from emulator.processes import cpu_seconds, process_tree
 from ingest.changestream.config import ReaderConfig
 from ingest.changestream.reader import ChangeStreamReader
@@ -201,7 +201,7 @@ def main() -> None:
     parser.add_argument("--cores", default="1,2")
     parser.add_argument("--seed", type=int, default=5)
     args = parser.parse_args()
-    print(f"# {platform.node()} {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(machine_line())
     print(
         f"# {args.warmup} s warm-up then {args.seconds} s measured, live at {args.rate} "
         "transactions/s; each contender on a stream of its own, one after the other"

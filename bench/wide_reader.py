@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
-import platform
 import random
 import resource
 import subprocess
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from emulator.machine import machine_line
 from runtime.process import PROCESS_ENVIRONMENT
 
 os.environ.pop("SPANNER_EMULATOR_HOST", None)
@@ -183,7 +183,7 @@ def main() -> None:
     parser.add_argument("--turns", default="512,64")
     parser.add_argument("--seed", type=int, default=5)
     args = parser.parse_args()
-    print(f"# {platform.node()} {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(machine_line())
     print(
         f"# {args.warmup} s warm-up then {args.seconds} s measured, live at {args.rate} "
         "transactions/s, server in its own process"
