@@ -152,7 +152,9 @@ def test_the_image_runs_the_product_and_every_line_is_json(
         wait_until(lambda: status(f"{url}{ready}") == 200, 300, "/readyz again", started)
         stop_workload.set()
         workload.join()
-        wait_until_landed(tmp_path / "data" / "changelog", len(committed), timeout=300)
+        wait_until_landed(  # a stop names the missing transactions and who lost them
+            tmp_path / "data" / "changelog", len(committed), 300, ingest, committed
+        )
         ingest.signal(started, signal.SIGTERM)
         assert started.wait(timeout=90) == 0, ingest.lines()[-20:]
         pipeline.signal(job, signal.SIGUSR1)  # drain: what the change log holds, then exit
