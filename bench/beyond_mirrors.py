@@ -102,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     run_case(spark, "mirrors", warm_up, root / "warm-up")
     print(
         machine_line(
-            f"local[2], "
-            f"{args.rows} change rows of {args.keys} keys in {args.batches} versions, "
+            f"local[2], {args.rows} change rows of {args.keys} keys in {args.batches} versions, "
             f"one version per micro-batch, {args.rounds} rounds in alternating order"
         )
     )

@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="changelog-commits-"))
     print(
         machine_line(
-            f"commit {commit}; "
-            f"back-to-back sink commits for {args.seconds:g} s per store; MinIO on loopback"
+            f"commit {commit}; back-to-back sink commits for {args.seconds:g} s per store; "
+            "MinIO on loopback"
         )
     )
     print("store\tcommits\tseconds\tcommits/s\tms/commit\tratio to local")

@@ -237,9 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="commit-to-mirror-"))
     print(
         machine_line(
-            f"scripted server, "
-            f"{args.partitions} partitions, {args.rows} row(s) per record, {args.seconds:g} s "
-            f"measured after {args.warmup:g} s of warm-up"
+            f"scripted server, {args.partitions} partitions, {args.rows} row(s) per record, "
+            f"{args.seconds:g} s measured after {args.warmup:g} s of warm-up"
         )
     )
     print(

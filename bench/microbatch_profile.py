@@ -155,9 +155,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(
         machine_line(
-            f"local[2], "
-            f"{config.shuffle_partitions} shuffle partitions; {args.versions} versions of "
-            f"{args.rows_per_version} change rows "
+            f"local[2], {config.shuffle_partitions} shuffle partitions; "
+            f"{args.versions} versions of {args.rows_per_version} change rows "
             f"({MODS_PER_TRANSACTION} mods per transaction), {args.keys} keys, MERGE {args.merge}"
         )
     )

@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         machine_line(
-            f"the job's micro-batches "
-            f"of 1,000 keys, median triggerExecution of batches 2..{args.batches}"
+            "the job's micro-batches of 1,000 keys, median triggerExecution of batches "
+            f"2..{args.batches}"
         )
     )
     print("mirror rows\tkeys\tmedian s\tmax s\tbuild s")

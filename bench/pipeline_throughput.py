@@ -343,8 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     spark.sparkContext.setLogLevel("ERROR")
     print(
         machine_line(
-            f"local[2], "
-            f"shuffle partitions {args.shuffle_partitions}, {args.batches} micro-batches per run"
+            f"local[2], shuffle partitions {args.shuffle_partitions}, "
+            f"{args.batches} micro-batches per run"
         )
     )
     print(

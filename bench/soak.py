@@ -467,8 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         machine_line(
             f"commit {commit or '?'}: {args.minutes:g} min at {args.rate:g} transactions/s, "
-            f"a column every "
-            f"{args.schema_every:g} s, kills every {args.kill_every:g} s, work in {work}"
+            f"a column every {args.schema_every:g} s, kills every {args.kill_every:g} s, "
+            f"work in {work}"
         ),
         flush=True,
     )
