@@ -16,7 +16,7 @@ from pipeline.catalog import checkpoint_at
 from pipeline.config import PipelineConfig
 from pipeline.deployment import Plan
 from pipeline.foreign_commits import DeltaCommits, ForeignCommitCheck
-from pipeline.landing import write_batch
+from pipeline.landing import BatchResult, write_batch
 from pipeline.metrics import PipelineMetrics
 from pipeline.processor import output_schema
 from pipeline.rebase import retire_replaced
@@ -42,7 +42,9 @@ class BatchWriter:
     generation a rebase replaced once this one has committed a batch, and report.
 
     ``lease`` raises when this job no longer holds the checkpoint; it is asked before the
-    mirrors are written and again before the cut is recorded."""
+    mirrors are written, just before the cut is recorded, and again before a batch is reported
+    or a generation retired: a job paused past its lease inside a batch may finish that batch's
+    idempotent writes (the cut never moves backwards), but it reports nothing and stops."""
 
     config: PipelineConfig
     plan: Plan
@@ -89,9 +91,10 @@ class BatchWriter:
             self._append_outputs(batch, batch_id, metadata)
         if self.plan.processors:
             batch.unpersist()
+        position = None if offset is None else self._cut(offset, batch_id)
         self.lease()
-        if offset is not None:
-            cut.record(config.mirror_root, self._cut(offset, batch_id))
+        if position is not None:
+            cut.record(config.mirror_root, position)
         batch_log.record(
             config.mirror_root,
             replace(
@@ -102,9 +105,13 @@ class BatchWriter:
             self._app_id,
             self.log,
         )
+        self.lease()
         if batch_id >= 1 and not self._retired:
             retire_replaced(self.generation, self.log)
             self._retired = True
+        self._report(result, batch_id, time.monotonic() - started)
+
+    def _report(self, result: BatchResult, batch_id: int, seconds: float) -> None:
         self.stats.batches += 1
         self.stats.rows_merged += sum(result.rows.values())
         self.metrics.batch_landed(result.rows, result.newest_commit)
@@ -115,7 +122,7 @@ class BatchWriter:
             newest_commit=result.newest_commit,
             merged_on="driver" if result.merged_on_driver else "spark" if result.rows else "-",
             bytes=result.bytes,
-            seconds=round(time.monotonic() - started, 3),
+            seconds=round(seconds, 3),
         )
 
     def _cut(self, offset: dict[str, object], batch_id: int) -> cut.Cut:

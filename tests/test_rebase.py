@@ -205,6 +205,21 @@ def test_a_generation_that_never_committed_a_batch_is_rebased_from_where_it_star
     assert starting_version(config, rebased) == 11
 
 
+def test_a_late_cut_never_moves_the_recorded_one_backwards(tmp_path: Path) -> None:
+    """A job paused past its lease between its last check and the cut's write finishes that
+    write after its replacement has gone further: the replacement's cut stays; another change
+    log's cut is replaced (a new change log starts over)."""
+    root = str(tmp_path / "mirrors")
+    assert cut.record(root, cut.Cut(5, 0, 1, "log-a"))
+    assert cut.record(root, cut.Cut(9, 0, 3, "log-a"))
+    assert not cut.record(root, cut.Cut(5, 0, 1, "log-a")), "a late cut went backwards"
+    assert not cut.record(root, cut.Cut(9, 0, 3, "log-a")), "the same cut written twice"
+    assert cut.read(root) == cut.Cut(9, 0, 3, "log-a")
+    assert cut.record(root, cut.Cut(9, 1, 0, "log-a")), "a later generation at the same version"
+    assert cut.record(root, cut.Cut(2, 0, 0, "log-b"))
+    assert cut.read(root) == cut.Cut(2, 0, 0, "log-b")
+
+
 class ChangeCount(ChangeProcessor):
     """Changes seen per account: state a rebase from the mirrors could not rebuild."""
 

@@ -7,6 +7,10 @@ lost still knows where to start. It is written after the MERGEs, so it never run
 a crash before it is written leaves the previous batch's cut, and the rows in between are read
 again: applying a stretch of the change log twice gives the same rows (each change carries its
 values, not a difference), and the seed's per-row positions skip what a row already holds.
+
+It never moves backwards: a job paused between its last lease check and this write, and
+replaced meanwhile, must not undo its replacement's later cut, so the file is replaced only
+against the version its writer read and only by a cut that is not behind it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 from deltalake import DeltaTable
 
-from pipeline.state.registry import replace_file
+from runtime.conditional import ConditionalObject, VersionChanged
 from runtime.storage import arrow_filesystem, delta_storage_options
 
 CUT_FILE = "_cut.json"
@@ -66,10 +70,31 @@ def batch_end_offset(checkpoint_uri: str, batch_id: int) -> dict[str, object] | 
     return offset
 
 
-def record(mirror_root: str, cut: Cut) -> None:
-    filesystem, root = arrow_filesystem(mirror_root)
-    filesystem.create_dir(root, recursive=True)
-    replace_file(filesystem, f"{root.rstrip('/')}/{CUT_FILE}", json.dumps(asdict(cut)).encode())
+def record(mirror_root: str, cut: Cut) -> bool:
+    """Write ``cut`` unless the recorded one is ahead of it or is it; whether this call wrote it."""
+    place = ConditionalObject(mirror_root, CUT_FILE)
+    data = json.dumps(asdict(cut)).encode()
+    while True:
+        found = place.read()
+        if found is not None and _ahead(Cut(**json.loads(found.data)), cut):
+            return False
+        try:
+            if found is None:
+                place.create(data)
+            else:
+                place.replace(data, found.version)
+            return True
+        except VersionChanged:
+            continue  # another writer, or this one's own write whose answer was lost
+
+
+def _ahead(recorded: Cut, cut: Cut) -> bool:
+    """The recorded cut is further along the same change log: a later version, or the same
+    one from a later generation or batch (the writer's own cut counts as ahead: nothing to do)."""
+    if recorded.changelog_id and cut.changelog_id and recorded.changelog_id != cut.changelog_id:
+        return False
+    order = (recorded.starting_version, recorded.generation, recorded.batch_id)
+    return order >= (cut.starting_version, cut.generation, cut.batch_id)
 
 
 def changelog_id(changelog_uri: str) -> str:
