@@ -62,6 +62,7 @@ from emulator.run_report import (
 from ingest.changestream.config import ReaderConfig
 from ingest.changestream.reader import ChangeStreamReader
 from ingest.delta.batcher import Batcher
+from ingest.delta.landing import ChangeLogLanding, WatchedColumnsPoll
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import Mod, Transaction
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339
@@ -119,13 +120,14 @@ def ingest(port: int, changelog: str, start: Nanos) -> None:
     log = make_logger(sys.stdout)
     sink = DeltaChangeLogSink(changelog, "bench", "owner", log=log)
     sink.start_job(start)
+    landing = ChangeLogLanding(
+        sink, WatchedColumnsPoll(None, 10.0, log), log, 86400 * NANOS_PER_SECOND
+    )
     batcher = Batcher(
-        sink=sink,
+        landing,
         flush_latency_s=FLUSH_LATENCY_S,
         max_rows=20_000,
         checkpoint_interval_s=CHECKPOINT_INTERVAL_S,
-        retention_nanos=86400 * NANOS_PER_SECOND,
-        log=log,
     )
     reader = ChangeStreamReader(scripted_query(port), ReaderConfig(start_timestamp=start), log)
     stop = threading.Event()

@@ -41,6 +41,7 @@ from ingest.changestream.config import ReaderConfig
 from ingest.changestream.query import ChangeStreamQuery, statement
 from ingest.changestream.reader import ChangeStreamReader
 from ingest.delta.batcher import Batcher
+from ingest.delta.landing import ChangeLogLanding, WatchedColumnsPoll
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import ChangeRecord, Transaction
 from ingest.model.resume import Release
@@ -130,13 +131,13 @@ def main() -> None:
         def reader_and_sink() -> int:
             sink = DeltaChangeLogSink(tempfile.mkdtemp(prefix="ceiling-") + "/t", "bench", "o")
             sink.start_job(START)
+            log = make_logger(io.StringIO())
+            watched = WatchedColumnsPoll(None, 10.0, log)
             batcher = Batcher(
-                sink=sink,
+                ChangeLogLanding(sink, watched, log, 7 * 86400 * NANOS_PER_SECOND),
                 flush_latency_s=1.0,
                 max_rows=20_000,
                 checkpoint_interval_s=10.0,
-                retention_nanos=7 * 86400 * NANOS_PER_SECOND,
-                log=make_logger(io.StringIO()),
             )
             reader = ChangeStreamReader(query, config, null_logger())
 

@@ -45,6 +45,7 @@ from emulator.processes import cpu_seconds, process_tree
 from ingest.changestream.config import ReaderConfig
 from ingest.changestream.reader import ChangeStreamReader
 from ingest.delta.batcher import Batcher
+from ingest.delta.landing import ChangeLogLanding, WatchedColumnsPoll
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339
 from runtime.logs import null_logger
@@ -102,7 +103,11 @@ def run_service(port: int, start: Nanos, end: Nanos, table: Path) -> None:
         ReaderConfig(start_timestamp=start, end_timestamp=end, max_concurrent_partitions=64),
         null_logger(),
     )
-    batcher = Batcher(sink, 0.2, 100_000, 1.0, 24 * 3600 * NANOS_PER_SECOND, null_logger())
+    log = null_logger()
+    landing = ChangeLogLanding(
+        sink, WatchedColumnsPoll(None, 10.0, log), log, 24 * 3600 * NANOS_PER_SECOND
+    )
+    batcher = Batcher(landing, 0.2, 100_000, 1.0)
     reader.run(batcher.on_release, threading.Event(), on_tick=batcher.on_tick)
     batcher.flush()
 

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ingest.delta.batcher import WatchedColumnsPoll
+from ingest.delta.landing import ChangeLogLanding, WatchedColumnsPoll
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
 from ingest.sparksource.landing import BatchLanding, LandedBatch
@@ -85,9 +85,7 @@ def main() -> int:
     reached: list[LandedBatch] = []
     session = spark_session(SparkSourceConfig(master=args.master))
     landing = BatchLanding(
-        sink,
-        WatchedColumnsPoll(None, 10.0, log),
-        log,
+        ChangeLogLanding(sink, WatchedColumnsPoll(None, 10.0, log), log),
         on_landed=lambda batch: reached.append(batch) if batch.low_watermark >= until else None,
         read_wave=wave_reader(session, options),
     )

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from structlog.testing import CapturingLogger
 
-from ingest.delta.batcher import WatchedColumnsPoll
+from ingest.delta.landing import ChangeLogLanding, WatchedColumnsPoll
 from ingest.delta.sink import DeltaChangeLogSink, WriterFenced
 from ingest.model.records import ChildPartition, ChildPartitionsRecord, DataChangeRecord
 from ingest.model.resume import ResumablePartition, ResumablePartitions, ResumePoint
@@ -52,7 +52,7 @@ class Landing:
 
     def __init__(self, sink: DeltaChangeLogSink) -> None:
         watched = WatchedColumnsPoll(None, 10.0, null_logger())
-        self.landing = BatchLanding(sink, watched, null_logger())
+        self.landing = BatchLanding(ChangeLogLanding(sink, watched, null_logger()))
 
     def land(self, table: pa.Table, batch_id: int) -> LandedBatch:
         landed = self.landing.land(table, batch_id)
@@ -200,16 +200,16 @@ def test_a_merge_within_a_batch_is_read_by_a_further_wave_and_rows_below_w_never
         return pa.Table.from_batches([rows, report], schema=SOURCE_SCHEMA)
 
     watched = WatchedColumnsPoll(None, 10.0, null_logger())
-    without = BatchLanding(sink, watched, null_logger())
+    without = BatchLanding(ChangeLogLanding(sink, watched, null_logger()))
     first = without.land(batch(2, START + 500, reads), 0)
     assert first is not None and first.low_watermark == START + 299, "the merge lowers the cut"
     sink2 = DeltaChangeLogSink(str(tmp_path / "again"), JOB, "spark-a")
     sink2.continue_after(None)
     sink2.start_job(START)
     sink2.commit([], resume_at(START + 99, "p1", "p2"))
-    landed = BatchLanding(sink2, watched, null_logger(), read_wave=read_wave).land(
-        batch(2, START + 500, reads), 0
-    )
+    landed = BatchLanding(
+        ChangeLogLanding(sink2, watched, null_logger()), read_wave=read_wave
+    ).land(batch(2, START + 500, reads), 0)
     assert asked == [[PartitionRead("p3", START + 300, START + 500)]]
     assert landed is not None and (landed.low_watermark, landed.transactions) == (START + 500, 2)
     rows = read_versions(tmp_path / "again")[-1].rows
@@ -237,7 +237,7 @@ def test_a_change_log_trailing_by_half_the_retention_raises_the_page_alert(tmp_p
     sink = job_at(tmp_path)
     watched = WatchedColumnsPoll(None, 10.0, null_logger())
     hour = 3600 * 10**9
-    landing = BatchLanding(sink, watched, log, retention_nanos=hour)
+    landing = BatchLanding(ChangeLogLanding(sink, watched, log, retention_nanos=hour))
     p1 = [record(START + 120, "tx-a", 0, 1)]
     landing.land(batch(2, START + 500, {"p1": (p1, closed("p1", START + 500))}), batch_id=0)
     alerts = [c.kwargs for c in log.calls if c.args == ("watermark_lag_near_retention",)]

@@ -21,7 +21,7 @@ from emulator.spark_cluster import StandaloneCluster
 from emulator.verify import latest_checkpoint
 from emulator.workload import load_existing_rows
 from ingest.changestream.opening import StreamAddress, open_stream
-from ingest.delta.batcher import WatchedColumnsPoll
+from ingest.delta.landing import ChangeLogLanding, WatchedColumnsPoll
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.resume import start_point
 from ingest.model.snapshot import SnapshotProgress
@@ -222,9 +222,7 @@ def test_a_batch_spark_replays_lands_once_and_admission_control_bounds_batches(
     runs = [
         CrashingLanding(
             BatchLanding(
-                DeltaChangeLogSink(str(table), JOB, owner),
-                NO_WATCH,
-                log,
+                ChangeLogLanding(DeltaChangeLogSink(str(table), JOB, owner), NO_WATCH, log),
                 read_wave=wave_reader(spark, options),
             ),
             at,
@@ -239,9 +237,7 @@ def test_a_batch_spark_replays_lands_once_and_admission_control_bounds_batches(
     outcomes = [e["outcome"] for e in events if e["event"] == "spark_batch"]
     assert outcomes[3] == "replayed", outcomes
     final = BatchLanding(
-        DeltaChangeLogSink(str(table), JOB, owner),
-        NO_WATCH,
-        log,
+        ChangeLogLanding(DeltaChangeLogSink(str(table), JOB, owner), NO_WATCH, log),
         read_wave=wave_reader(spark, options),
     )
     query = start_query(spark, options, final, str(checkpoint), 0.5)

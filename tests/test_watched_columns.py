@@ -16,7 +16,8 @@ from deltalake import DeltaTable
 
 from ingest.changestream.query import Dialect
 from ingest.changestream.watched_columns import column_type, read_watched_columns
-from ingest.delta.batcher import STALE_READ_LIMIT_NANOS, Batcher
+from ingest.delta.batcher import Batcher
+from ingest.delta.landing import STALE_READ_LIMIT_NANOS, ChangeLogLanding, WatchedColumnsPoll
 from ingest.delta.schema_rows import landed_watched_columns
 from ingest.model.records import ColumnType, WatchedColumns
 from ingest.model.resume import ResumablePartitions, ResumePoint
@@ -78,17 +79,20 @@ def batcher(sink: FakeSink, schema: list[Any], clock: list[float]) -> Batcher:
             raise answer
         return answer
 
+    log = structlog.get_logger()
+    watched = WatchedColumnsPoll(read, 10.0, log, wall_clock=lambda: NOW)
     return Batcher(
-        sink,  # type: ignore[arg-type]
+        ChangeLogLanding(
+            sink,  # type: ignore[arg-type]
+            watched,
+            log,
+            retention_nanos=86_400 * NANOS_PER_SECOND,
+            wall_clock=lambda: NOW,
+        ),
         flush_latency_s=1.0,
         max_rows=100,
         checkpoint_interval_s=4.0,
-        retention_nanos=86_400 * NANOS_PER_SECOND,
-        log=structlog.get_logger(),
         monotonic=lambda: clock[0],
-        wall_clock=lambda: NOW,
-        watched_columns=read,
-        watched_interval_s=10.0,
         last_commit_at=0.0,
     )
 
@@ -183,8 +187,7 @@ def test_a_table_that_gains_a_column_lands_its_schema_rows_with_a_snapshot_of_it
     schema: list[Any] = [{"t": (ID, TIER), "u": (ID,)}]
     b = batcher(sink, schema, clock)
     b.riders = snapshots
-    b.column_defaults = lambda at: {("t", "flag"), ("u", "tier")}
-    b.__post_init__()
+    b.landing.watched.read_defaults = lambda at: {("t", "flag"), ("u", "tier")}
     released(b, 9)
     b.on_tick()
     assert snapshots.asked == [], "columns seen for the first time are no added columns"
@@ -233,8 +236,7 @@ def test_a_column_added_while_no_process_ran_is_found_from_the_change_log(tmp_pa
     assert known == {"t": (ID,), "u": (ID,)}
     sink, clock, snapshots = FakeSink(), [4.0], FakeSnapshots()
     b = batcher(sink, [{"t": (ID, FLAG), "u": (ID,)}], clock)
-    b.riders, b.known_columns = snapshots, known
-    b.__post_init__()
+    b.riders, b.landing.watched.known_columns = snapshots, known
     released(b, 9)
     b.on_tick()
     assert snapshots.asked == [("t",)]

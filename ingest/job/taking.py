@@ -5,15 +5,18 @@ what its first commit recorded. And handing it over at a clean stop."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass
 
 from ingest.changestream import query
 from ingest.changestream.opening import OpenedStream, StreamAddress, open_stream
-from ingest.changestream.watched_columns import read_watched_columns
+from ingest.changestream.watched_columns import read_column_defaults, read_watched_columns
 from ingest.contract.changelog import Checkpoint
+from ingest.delta.landing import ChangeLogLanding, WatchedColumnsPoll
 from ingest.delta.lease import start_moved, wait_for_lease
+from ingest.delta.schema_rows import landed_watched_columns
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.job.config import JobConfig
 from ingest.job.snapshot_window import retention_of, table_rows
@@ -37,6 +40,20 @@ class TakenJob:
     table_rows: dict[str, int] | None
     """A new job's snapshot rows at T0 per table, when counted."""
     log: Logger
+
+    def landing(self, config: JobConfig) -> ChangeLogLanding:
+        """Where and how either runtime lands this job's commits: its sink, the watched columns
+        read from its database against what the change log already holds, the stream's
+        retention for the alert."""
+        opened = self.opened
+        watched = WatchedColumnsPoll(
+            functools.partial(read_watched_columns, opened.database, config.stream, opened.dialect),
+            config.watched_columns_interval_s,
+            self.log,
+            known_columns=landed_watched_columns(self.sink.table()),
+            read_defaults=functools.partial(read_column_defaults, opened.database),
+        )
+        return ChangeLogLanding(self.sink, watched, self.log, opened.info.retention_nanos)
 
 
 def take_job(config: JobConfig, owner: str, log: Logger, stop: threading.Event) -> TakenJob | None:

@@ -24,17 +24,14 @@ from ingest.changestream import query
 from ingest.changestream.config import reader_config
 from ingest.changestream.opening import OpenedStream
 from ingest.changestream.reader import ChangeStreamReader
-from ingest.changestream.watched_columns import read_column_defaults, read_watched_columns
-from ingest.contract.changelog import Checkpoint
+from ingest.changestream.watched_columns import read_watched_columns
 from ingest.delta.absent_keys import absent_keys, deleted_after, keys_of_earlier_jobs
 from ingest.delta.batcher import Batcher
-from ingest.delta.schema_rows import landed_watched_columns
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.job.config import JobConfig
 from ingest.job.metrics import IngestMetrics
 from ingest.job.snapshot_window import open_snapshot
-from ingest.job.taking import release_lease, take_job
-from ingest.model.resume import ResumePoint
+from ingest.job.taking import TakenJob, release_lease, take_job
 from ingest.model.snapshot import SnapshotMode, SnapshotProgress
 from ingest.model.timestamps import to_rfc3339
 from ingest.service.health import Commits, HealthServer, token_file
@@ -64,7 +61,7 @@ def run_service(config: JobConfig, log: Logger, stop: threading.Event) -> int:
     job = take_job(config, uuid.uuid4().hex, log, stop)
     if job is None:
         return 0
-    opened, sink, checkpoint, log = job.opened, job.sink, job.checkpoint, job.log
+    opened, sink, log = job.opened, job.sink, job.log
     resume, snapshot, table_rows = job.resume, job.snapshot, job.table_rows
     metrics = IngestMetrics()
     metrics.sources.landed_watermark = resume.low_watermark
@@ -84,7 +81,7 @@ def run_service(config: JobConfig, log: Logger, stop: threading.Event) -> int:
                 "ingest_stopped", reason="snapshot_mode initial_only: the snapshot is complete"
             )
             return release_lease(sink, log)
-        _stream(opened, config, sink, checkpoint, snapshot, resume, log, stop, health, metrics)
+        _stream(job, config, snapshot, stop, health, metrics)
         return release_lease(sink, log)
     finally:
         if health is not None:
@@ -108,18 +105,17 @@ def _health_server(
 
 
 def _stream(
-    opened: OpenedStream,
+    job: TakenJob,
     config: JobConfig,
-    sink: DeltaChangeLogSink,
-    checkpoint: Checkpoint | None,
     snapshot: SnapshotProgress | None,
-    resume: ResumePoint,
-    log: Logger,
     stop: threading.Event,
     health: HealthServer | None,
     metrics: IngestMetrics,
 ) -> None:
-    """Read the change stream from the resume point until stopped."""
+    """Read the change stream from the resume point until stopped (``snapshot``: the job's, as
+    its snapshot left it)."""
+    opened, checkpoint, resume, log = job.opened, job.checkpoint, job.resume, job.log
+    landing = job.landing(config)
     start = query.validate_start(resume.low_watermark + 1, time.time_ns(), opened.info)
     log.info(
         "ingest_started",
@@ -131,20 +127,12 @@ def _stream(
     reader = ChangeStreamReader(
         opened.query(), reader_config(config, start), log, resume_from=resume
     )
-    table_snapshots = _table_snapshots(opened, config, sink, log, stop)
+    table_snapshots = _table_snapshots(opened, config, landing.sink, log, stop)
     batcher = Batcher(
-        sink,
+        landing,
         config.flush_latency_ms / 1000,
         config.max_batch_rows,
         config.checkpoint_interval_s,
-        opened.info.retention_nanos,
-        log,
-        watched_columns=functools.partial(
-            read_watched_columns, opened.database, config.stream, opened.dialect
-        ),
-        watched_interval_s=config.watched_columns_interval_s,
-        known_columns=landed_watched_columns(sink.table()),
-        column_defaults=functools.partial(read_column_defaults, opened.database),
         riders=table_snapshots,
         on_commit=metrics.committed,
     )

@@ -27,15 +27,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.contract.changelog import SCHEMA, Checkpoint
-from ingest.delta.batcher import WatchedColumnsPoll, report_commit, warn_near_retention
-from ingest.delta.sink import CommitResult, DeltaChangeLogSink, WriterFenced
+from ingest.delta.landing import ChangeLogLanding
+from ingest.delta.sink import CommitResult, WriterFenced
 from ingest.model.records import WatchedColumns
 from ingest.model.resume import ResumePoint
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, to_rfc3339
 from ingest.rules.assembler import IncompleteTransactionError, InconsistentTransactionError
 from ingest.rules.batches import BatchCut, BatchPlanError, PartitionRead, PartitionReport
 from ingest.sparksource.rows import COMMIT_NANOS, REPORT, BatchIdentity, parse_report
-from runtime.logs import Logger
 
 ReadWave = Callable[[list[PartitionRead], BatchIdentity], pa.Table]
 """Reads a wave's partitions on the executors: the rows and reports its tasks send."""
@@ -72,18 +71,13 @@ class BatchLanding:
 
     ``read_wave`` reads a further wave of a batch (partitions that became ready within it) on the
     executors, at most ``max_waves`` waves per batch in all; without it every such partition
-    lowers the cut. ``retention_nanos``: the stream's, for the alert when the change log trails
-    by half of it."""
+    lowers the cut."""
 
-    sink: DeltaChangeLogSink
-    watched: WatchedColumnsPoll
-    log: Logger
+    landing: ChangeLogLanding
     monotonic: Callable[[], float] = time.monotonic
-    wall_clock: Callable[[], Nanos] = time.time_ns
     on_landed: Callable[[LandedBatch], None] | None = None
     read_wave: ReadWave | None = None
     max_waves: int = 4
-    retention_nanos: Nanos | None = None
     _landed_any: bool = field(default=False, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     """Held while a batch lands: the lease is handed over only between batches."""
@@ -97,7 +91,7 @@ class BatchLanding:
         lands after it. A stopped query's batch may still be finishing on its callback thread."""
         with self._lock:
             self._handed_over = True
-            return self.sink.release_lease()
+            return self.landing.sink.release_lease()
 
     def land(self, batch: pa.Table, batch_id: int) -> LandedBatch | None:
         """None for a batch that planned nothing (Spark's first batch of a job whose start has
@@ -109,7 +103,7 @@ class BatchLanding:
 
     def _land(self, batch: pa.Table, batch_id: int) -> LandedBatch:
         reports, identity = _reports(batch)
-        checkpoint = self.sink.checkpoint(identity.version)
+        checkpoint = self.landing.sink.checkpoint(identity.version)
         batch_cut = BatchCut(checkpoint.resume_point, identity.end)
         batch_cut.apply(reports)
         waves, reports = self._waves(batch, identity, batch_cut, reports)
@@ -140,7 +134,7 @@ class BatchLanding:
             outcome,
             commit_timestamps if outcome == "landed" else (),
         )
-        self.log.info(
+        self.landing.log.info(
             "spark_batch",
             batch_id=batch_id,
             outcome=outcome,
@@ -191,29 +185,25 @@ class BatchLanding:
     ) -> CommitResult | None:
         """The whole transactions below the cut as the change log's next version; None when
         another writer landed it first (this query was down)."""
-        self.sink.continue_after(checkpoint)
-        watched = self.watched.changes(cut.low_watermark, self.monotonic())
+        self.landing.sink.continue_after(checkpoint)
+        watched = self.landing.watched.changes(cut.low_watermark, self.monotonic())
         try:
-            result = self.sink.commit_rows(_ordered(below), transactions, cut, watched)
+            result = self.landing.sink.commit_rows(_ordered(below), transactions, cut, watched)
         except WriterFenced:
             if self._landed_any:
                 raise
             return None  # superseded: another writer landed v + 1 while this query was down
         if not result.replayed:
             self._needs_backfill(watched, cut.low_watermark)
-            self.watched.landed(watched)
-            lag_nanos = self.wall_clock() - cut.low_watermark
-            report_commit(self.log, result, watched, cut.low_watermark, lag_nanos)
-            if self.retention_nanos is not None:
-                warn_near_retention(self.log, lag_nanos, self.retention_nanos)
+            self.landing.landed(result, watched, cut.low_watermark)
         return result
 
     def _needs_backfill(self, watched: WatchedColumns, low_watermark: Nanos) -> None:
         """The Spark source runs no table snapshot: a table whose new columns Spanner filled
         without change records is named for the service to read again."""
-        gained = self.watched.gained_columns(watched, low_watermark)
+        gained = self.landing.watched.gained_columns(watched, low_watermark)
         if gained:
-            self.log.error(
+            self.landing.log.error(
                 "column_backfill_needed",
                 tables=list(gained),
                 remedy="run `python -m ingest run` and `python -m ingest snapshot-table` for "
@@ -221,7 +211,7 @@ class BatchLanding:
             )
 
     def _lag_s(self, low_watermark: Nanos) -> float:
-        return round((self.wall_clock() - low_watermark) / NANOS_PER_SECOND, 3)
+        return round((self.landing.wall_clock() - low_watermark) / NANOS_PER_SECOND, 3)
 
 
 def _records_left(budget: int | None, waves: list[pa.Table]) -> int | None:

@@ -22,9 +22,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingest.changestream.watched_columns import read_column_defaults, read_watched_columns
-from ingest.delta.batcher import WatchedColumnsPoll
-from ingest.delta.schema_rows import landed_watched_columns
 from ingest.job.config import JobConfig
 from ingest.job.taking import TakenJob, release_lease, take_job
 from ingest.model.snapshot import SnapshotMode
@@ -160,7 +157,7 @@ def _read_stream(
     log: Logger,
     stop: threading.Event,
 ) -> int:
-    opened, sink = job.opened, job.sink
+    opened = job.opened
     options = SourceOptions(
         config.project,
         config.instance,
@@ -177,21 +174,11 @@ def _read_stream(
         spark.max_records_per_batch,
         spark.partitions_per_task,
     )
-    watched = WatchedColumnsPoll(
-        lambda at: read_watched_columns(opened.database, config.stream, opened.dialect, at),
-        config.watched_columns_interval_s,
-        log,
-        known_columns=landed_watched_columns(sink.table()),
-        read_defaults=lambda at: read_column_defaults(opened.database, at),
-    )
     landing = BatchLanding(
-        sink,
-        watched,
-        log,
+        job.landing(config),
         on_landed=metrics.landed,
         read_wave=wave_reader(session, options),
         max_waves=spark.max_waves_per_batch,
-        retention_nanos=opened.info.retention_nanos,
     )
     session.streams.addListener(metrics.listener())
     _stream(session, options, spark, landing, log, stop)
