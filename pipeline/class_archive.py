@@ -4,8 +4,10 @@ Java's class data sharing maps an archive of classes instead of loading them fro
 JVM's class path is the one the archive was made with. So the archive is made from what a driver
 really loads and the class path it really has: a session runs a small Delta job (a write, a
 MERGE, a read, a stream) with ``-XX:DumpLoadedClassList`` and reports its class path and module
-options; then ``java -Xshare:dump`` archives those classes with them. Classes of the jars added
-to a session (Delta's) are loaded by Spark's own class loader and stay out of the archive.
+options; then ``java -Xshare:dump`` archives those classes with them. Delta's jars lead the
+driver's class path (``runtime.jvm.driver_java_options``), so their classes are archived too;
+jars a session adds for an object store (S3A's) are loaded by Spark's own class loader and are
+not.
 """
 
 from __future__ import annotations

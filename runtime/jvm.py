@@ -82,18 +82,28 @@ CLASS_ARCHIVE = "spark-classes.jsa"
 """Spark's classes as a job's driver loads them, archived for Java's class data sharing beside the
 product's jars (``python -m pipeline.session fetch`` makes it): a driver maps them instead of
 reading, parsing and verifying some 17,000 classes from jars. A pipeline's start took 14 % less
-CPU and reached its first batch 2.3 s sooner (bench/RESULTS.md, "Spark's classes shared")."""
+CPU and reached its first batch 2.3 s sooner (bench/RESULTS.md, "Spark's classes shared"), and
+about 6 % less again once Delta's classes were in it too."""
 
 
 def driver_java_options(jars: Path) -> dict[str, str]:
     """The driver's default JVM options: C1 only, and the class archive when ``jars`` holds
     one. A JVM whose jars changed since the archive was made starts without it, silently:
-    ``refused_class_archive`` tells."""
+    ``refused_class_archive`` tells.
+
+    The product's jars in ``jars`` (Delta's) lead the driver's class path, whichever runtime
+    starts it: loaded by the JVM's own class loader, not Spark's, their classes are archived
+    too, and one archive's class path is every driver's (a class path may only add to the
+    archive's at its end)."""
     archive = jars / CLASS_ARCHIVE
     options = JIT_SETTINGS["spark.driver.defaultJavaOptions"]
     if archive.is_file():
         options += f" -XX:SharedArchiveFile={archive}"
-    return {"spark.driver.defaultJavaOptions": options}
+    settings = {"spark.driver.defaultJavaOptions": options}
+    own_jars = sorted(jars.glob("*.jar"))
+    if own_jars:
+        settings["spark.driver.extraClassPath"] = os.pathsep.join(map(str, own_jars))
+    return settings
 
 
 def refused_class_archive(session: Any) -> str | None:

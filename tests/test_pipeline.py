@@ -73,7 +73,8 @@ def seed(changelog: ChangeLog) -> None:
 def test_the_session_s_jvm_compiles_with_c1_only_and_maps_the_class_archive(spark) -> None:
     """What bench/RESULTS.md measured ("The JVM's compiler", "Spark's classes shared") is what
     a session gets: C1 only with a full-size code cache, and the archive ``make jars`` made
-    mapped into the driver (a JVM that refused it, its jars changed, would run without it)."""
+    mapped into the driver (a JVM that refused it, its jars changed, would run without it),
+    Delta's classes loaded by the JVM's own class loader, so the archive holds them too."""
     jvm = spark._jvm
     diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
         jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
@@ -86,6 +87,8 @@ def test_the_session_s_jvm_compiles_with_c1_only_and_maps_the_class_archive(spar
     assert diagnostics.getVMOption("UseSharedSpaces").getValue() == "true"
     pid = jvm.java.lang.ProcessHandle.current().pid()
     assert str(archive) in Path(f"/proc/{pid}/maps").read_text(), "the archive is not mapped"
+    delta = jvm.java.lang.Class.forName("io.delta.tables.DeltaTable").getClassLoader()
+    assert delta.equals(jvm.java.lang.ClassLoader.getSystemClassLoader()), str(delta)
 
 
 def test_a_python_worker_that_started_late_restarts_the_query_a_bounded_number_of_times(
