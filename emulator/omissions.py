@@ -20,17 +20,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from deltalake import DeltaTable
 from google.cloud.spanner_v1.database import Database
 
 from ingest.changestream.config import ReaderConfig
-from ingest.changestream.query import ChangeStreamQuery, Dialect
+from ingest.changestream.query import ChangeStreamQuery, Dialect, detect_dialect
+from ingest.contract.changelog import newest_checkpoint
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
-from ingest.service.audit import stream_digests
+from ingest.service.audit import changelog_digests, compare, stream_digests
 from runtime.logs import make_logger
 
 PRODUCT_DROPPED = "product dropped it"
 EMULATOR_OMITTED = "live query never sent it, re-read has it"
 UNEXPLAINED = "never sent, not even on re-read"
+NO_RECORD_LOG = "not known: the reader logged no record_received (not at debug)"
 REPORT_PROPERTY = "emulator_omission"
 """A test's report property naming one classified missing transaction; the suite's summary
 counts them (tests/conftest.py)."""
@@ -98,3 +101,61 @@ def classify(
         else:
             omissions.append(Omission(text, UNEXPLAINED))
     return omissions
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeLogAudit:
+    """A change log read against a fresh bounded read of its job's window, from the job's start
+    to the change log's W: everything in it must have landed exactly once."""
+
+    window: str
+    omissions: tuple[Omission, ...]
+    """Transactions the change log lacks, each classified."""
+    other_differences: tuple[str, ...]
+    """Transactions landed twice, in part or altered: always the product's."""
+
+    @property
+    def only_emulator_omissions(self) -> bool:
+        """Whether the change log lost something and the emulator's live query explains all of
+        it: the one case in which an emulator test may run again."""
+        return (
+            bool(self.omissions)
+            and not self.other_differences
+            and all(o.emulator_omitted for o in self.omissions)
+        )
+
+    def __str__(self) -> str:
+        said = [str(o) for o in self.omissions] + list(self.other_differences)
+        return f"{self.window}: " + ("; ".join(said) if said else "the change log is whole")
+
+
+def audit_changelog(
+    database: Database, stream: str, changelog_uri: str, events: Iterable[Mapping[str, Any]]
+) -> ChangeLogAudit | None:
+    """The change log against a re-read of its window, with what the reader logged at debug
+    (``events``) telling an emulator omission from the product's loss; None when the change log
+    holds no checkpoint with a job start, or its W has not reached the start yet."""
+    newest = newest_checkpoint(DeltaTable(changelog_uri))
+    if newest is None or newest[1].job_start is None:
+        return None
+    start, end = newest[1].job_start, newest[1].resume_point.low_watermark
+    if end < start:
+        return None
+    config = ReaderConfig(start_timestamp=start, end_timestamp=end, heartbeat_ms=1000)
+    source = ChangeStreamQuery(database, stream, detect_dialect(database), 1000)
+    read = stream_digests(source, config, make_logger(io.StringIO()), threading.Event())
+    report = compare(
+        start, end, read.by_transaction, changelog_digests(changelog_uri, start, end).by_transaction
+    )
+    missing = [parse_rfc3339(d.key[0]) for d in report.differences if d.kind == "missing"]
+    reread = {timestamp for timestamp, _ in read.by_transaction}
+    events = list(events)
+    if any(event.get("event") == "record_received" for event in events):
+        omissions = classify(missing, events, reread)
+    else:
+        omissions = [Omission(to_rfc3339(t), NO_RECORD_LOG) for t in sorted(missing)]
+    return ChangeLogAudit(
+        report.summary(),
+        tuple(omissions),
+        tuple(str(d) for d in report.differences if d.kind != "missing"),
+    )

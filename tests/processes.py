@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
@@ -19,9 +20,16 @@ BANKING_TABLES = ("accounts", "transfers")
 """The tables the BANKING workload writes (all_types stays empty, its mirror too)."""
 
 
+STARTED_SERVICES: list[Service] = []
+"""The services the running test started: a failed emulator test audits their change logs
+(tests/conftest.py), so an emulator omission is told apart from the product's loss."""
+
+
 class Service(Process):
     """``python -m ingest run`` for one job, with short intervals so tests move fast; no snapshot
-    unless a test asks for one (its databases' rows are written after the job starts)."""
+    unless a test asks for one (its databases' rows are written after the job starts). It logs
+    at debug: the reader's ``record_received`` lines are what tell an emulator omission from a
+    transaction the product dropped (emulator/omissions.py)."""
 
     def __init__(
         self, database_id: str, table: Path | str, log: Path, start: int | None, **env: str
@@ -41,11 +49,17 @@ class Service(Process):
                 "INGEST_QUERY_WINDOW_S": "5",
                 "INGEST_HEALTH_PORT": "0",
                 "INGEST_SNAPSHOT_MODE": "never",
+                "INGEST_LOG_LEVEL": "debug",
                 **env,
             },
         )
         if start is None:
             self.env.pop("INGEST_START_TIMESTAMP", None)
+
+    def start(self, *extra: str) -> subprocess.Popen[bytes]:
+        if self not in STARTED_SERVICES:
+            STARTED_SERVICES.append(self)
+        return super().start(*extra)
 
 
 class SparkSource(Service):

@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
-from emulator.omissions import EMULATOR_OMITTED, PRODUCT_DROPPED, UNEXPLAINED, classify
-from ingest.model.timestamps import to_rfc3339
+import signal
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from emulator.omissions import (
+    EMULATOR_OMITTED,
+    NO_RECORD_LOG,
+    PRODUCT_DROPPED,
+    UNEXPLAINED,
+    audit_changelog,
+    classify,
+)
+from emulator.verify import landed_transactions
+from ingest.model.timestamps import from_datetime, to_rfc3339
+from tests.processes import Service, wait_until
 
 T = 1_764_000_000_000_000_000
 
@@ -28,3 +43,50 @@ def test_each_missing_transaction_is_classified_from_what_the_client_received() 
         (to_rfc3339(lost), UNEXPLAINED, ""),
     ]
     assert [o.emulator_omitted for o in omissions] == [False, True, True, False]
+
+
+@pytest.mark.emulator
+def test_a_failed_test_s_audit_names_a_lost_transaction_and_who_lost_it(
+    new_database, tmp_path: Path
+) -> None:
+    """What a failed emulator test's audit finds (tests/conftest.py): a transaction taken out of
+    a landed change log is missing; the reader having logged it makes it the product's loss,
+    its line removed makes it the emulator's omission (the one case that runs a test again),
+    and a log without the record lines tells neither."""
+    database = new_database("googlesql", accounts=0)
+    changelog = tmp_path / "changelog"
+    service = Service(database.database_id, changelog, tmp_path / "ingest.log", None)
+    process = service.start()
+    try:
+        service.wait_for("ingest_started", 1, timeout=120, process=process)
+        committed = []
+        for number in range(4):
+            with database.batch() as batch:
+                batch.insert(
+                    "accounts", ["account_id", "owner", "balance"], [(number, "o", number)]
+                )
+            committed.append(to_rfc3339(from_datetime(batch.committed)))
+        wait_until(lambda: landed_transactions(str(changelog)) == 4, 120, "not landed", process)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    lost = committed[2]
+    table = DeltaTable(str(changelog))
+    table.alter.set_table_properties({"delta.appendOnly": "false"})
+    DeltaTable(str(changelog)).delete(f"commit_timestamp_text = '{lost}'")
+    events = service.events()
+    assert any(e["event"] == "record_received" for e in events), "the service logs at debug"
+    received = audit_changelog(database, "all_changes", str(changelog), events)
+    assert received is not None
+    assert [(o.commit_timestamp, o.verdict) for o in received.omissions] == [
+        (lost, PRODUCT_DROPPED)
+    ], str(received)
+    assert not received.other_differences and not received.only_emulator_omissions
+    never_sent = [e for e in events if e.get("commit_timestamp") != lost]
+    omitted = audit_changelog(database, "all_changes", str(changelog), never_sent)
+    assert omitted is not None and omitted.only_emulator_omissions, str(omitted)
+    assert [o.commit_timestamp for o in omitted.omissions] == [lost]
+    unlogged = [e for e in events if e["event"] != "record_received"]
+    unknown = audit_changelog(database, "all_changes", str(changelog), unlogged)
+    assert unknown is not None and [o.verdict for o in unknown.omissions] == [NO_RECORD_LOG]
+    assert not unknown.only_emulator_omissions
