@@ -37,6 +37,7 @@ class Process:
         self.log = log
         inherited = {k: v for k, v in os.environ.items() if k not in PROCESS_ENVIRONMENT}
         self.env = {**inherited, **env}
+        self._read = LogReader(log)
 
     def command(self, *extra: str) -> list[str]:
         return [sys.executable, *self.argv, *extra]
@@ -56,7 +57,7 @@ class Process:
     def events(self) -> list[dict[str, Any]]:
         """The complete lines logged so far: a line the process is still writing (no newline
         yet) is left for the next read."""
-        return log_events(self.log)
+        return self._read.events()
 
     def count(self, event: str) -> int:
         return sum(e["event"] == event for e in self.events())
@@ -133,7 +134,31 @@ def tree_cpu_seconds(pid: int) -> float:
 def log_events(log: Path) -> list[dict[str, Any]]:
     """The complete JSON lines of a process's log so far (a line still being written, with no
     newline yet, is left for the next read; lines that are not events are passed over)."""
-    if not log.exists():
-        return []
-    lines = log.read_text(errors="replace").split("\n")[:-1]
-    return [json.loads(line) for line in lines if line.startswith('{"')]
+    return LogReader(log).events()
+
+
+class LogReader:
+    """A log's events, each line parsed once: a test polls a log many times a second while it
+    grows (a service at debug logs a line per change record), so each read parses only what
+    was appended since the last one."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self._offset = 0
+        self._events: list[dict[str, Any]] = []
+
+    def events(self) -> list[dict[str, Any]]:
+        try:
+            with self.log.open("rb") as stream:
+                if stream.seek(0, os.SEEK_END) < self._offset:  # written anew: read it again
+                    self._offset, self._events = 0, []
+                stream.seek(self._offset)
+                appended = stream.read()
+        except FileNotFoundError:
+            return []
+        complete = appended[: appended.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for line in complete.split(b"\n"):
+            if line.startswith(b'{"'):
+                self._events.append(json.loads(line.decode(errors="replace")))
+        return list(self._events)

@@ -83,3 +83,22 @@ def test_harnesses_start_the_product_without_what_it_sets_itself() -> None:
         if name in path.read_text()
     ]
     assert naming == []
+
+
+def test_a_growing_log_is_read_line_by_line_once_and_a_line_in_progress_waits(
+    tmp_path: Path,
+) -> None:
+    """What tests poll: each complete JSON line once, in order; a line still being written, and
+    what is not an event (a JVM's stack trace), left out; a log written anew (shorter) read
+    again."""
+    log = tmp_path / "service.log"
+    process = Process(["-m", "ingest", "run"], log, {})
+    assert process.events() == []
+    log.write_bytes(b'{"event": "a"}\nat org.apache.spark.Foo\n{"event": "b", "t": "\xc3')
+    assert [e["event"] for e in process.events()] == ["a"]
+    with log.open("ab") as out:
+        out.write(b'\xbc"}\n{"event": "c"}\n')
+    assert [e.get("t") for e in process.events()] == [None, "ü", None]
+    assert process.count("c") == 1
+    log.write_bytes(b'{"event": "d"}\n')
+    assert [e["event"] for e in process.events()] == ["d"]
