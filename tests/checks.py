@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import random
 import time
 from collections import Counter, defaultdict
 from collections.abc import Collection
@@ -21,6 +23,13 @@ from pipeline.catalog import discover_shapes
 from pipeline.shapes import TableShape
 
 TIMESTAMP_COLUMNS = {"updated_at", "created_at", "col_timestamp"}
+
+
+def crash_seed() -> tuple[int, random.Random]:
+    """The seed of a test's random kills and pauses, and its generator: ``CRASH_TEST_SEED``
+    replays the run a failure names."""
+    seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
+    return seed, random.Random(seed)
 
 
 def emulator_timestamp(nanos: int) -> int:

@@ -7,8 +7,6 @@ silently skipping every transaction committed in between.
 from __future__ import annotations
 
 import functools
-import os
-import random
 import signal
 import subprocess
 import time
@@ -25,6 +23,7 @@ from emulator.verify import latest_checkpoint
 from emulator.workload import CommittedTransaction
 from ingest.contract.changelog import SCHEMA_ROW
 from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
+from tests.checks import crash_seed
 from tests.delta_checks import assert_change_log_invariants
 from tests.processes import (
     Service,
@@ -74,8 +73,7 @@ def wait_until_at_stake(
 def test_a_new_job_killed_before_its_first_commit_loses_nothing(
     new_database, tmp_path: Path
 ) -> None:
-    seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
-    rng = random.Random(seed)
+    seed, rng = crash_seed()
     database = new_database("googlesql")
     table = tmp_path / "changelog"
     # A flush latency and checkpoint interval longer than the tests' usual ones leave a new job

@@ -14,7 +14,6 @@ at the batch W they name.
 from __future__ import annotations
 
 import os
-import random
 import signal
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ from tests.checks import (
     apply_ddl,
     assert_mirrors_equal,
     compare_at_watermark,
+    crash_seed,
 )
 from tests.processes import Pipeline, Service, background_workload, wait_until_landed
 from tests.scrapes import Samples, check_ingest, check_pipeline, scrape, scrape_until, value
@@ -118,8 +118,7 @@ def scrape_both(
 def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
     new_database, tmp_path: Path
 ) -> None:
-    seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
-    rng = random.Random(seed)
+    seed, rng = crash_seed()
     database, start = accounts_written_after_start(new_database)
     changelog = tmp_path / "changelog"
     ingest_port, pipeline_port = free_port(), free_port()

@@ -11,7 +11,6 @@ one JSON object with a level.
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import threading
@@ -27,7 +26,7 @@ from emulator.processes import kill_tree
 from emulator.server import free_port
 from emulator.verify import changelog_watermark
 from emulator.workload import load_existing_rows
-from tests.checks import assert_mirrors_equal, compare_at_watermark
+from tests.checks import assert_mirrors_equal, compare_at_watermark, crash_seed
 from tests.compose import services, start_order
 from tests.containers import IMAGE, Container, not_json, status
 from tests.delta_checks import assert_change_log_invariants
@@ -74,8 +73,7 @@ def test_the_image_runs_the_product_and_every_line_is_json(
     spanner_client: Any, containers: Callable[..., Container], tmp_path: Path
 ) -> None:
     began = time.time()
-    seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
-    rng = random.Random(seed)
+    seed, rng = crash_seed()
     compose = services(ROOT / "docker-compose.yml")
     assert start_order(compose) == ["emulator", "bootstrap", "ingest", "pipeline"]
     health, metrics = free_port(), free_port()

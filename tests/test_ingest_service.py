@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 
 from emulator.server import free_port
 from ingest.service.health import HealthServer, token_file
-from tests.checks import start_after_setup
+from tests.checks import crash_seed, start_after_setup
 from tests.delta_checks import assert_change_log_invariants, read_versions
 from tests.processes import Service, background_workload, wait_until_landed
 from tests.scrapes import check_ingest, scrape, value
@@ -24,8 +23,7 @@ from tests.scrapes import check_ingest, scrape, value
 
 @pytest.mark.emulator
 def test_kill_9_at_random_moments_keeps_every_invariant(new_database, tmp_path: Path) -> None:
-    seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
-    rng = random.Random(seed)
+    seed, rng = crash_seed()
     database = new_database("googlesql")
     table = tmp_path / "changelog"
     service = Service(database.database_id, table, tmp_path / "ingest.log", start_after_setup())

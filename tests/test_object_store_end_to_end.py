@@ -12,8 +12,6 @@ once and the mirrors equal Spanner at W.
 from __future__ import annotations
 
 import json
-import os
-import random
 import signal
 import threading
 import time
@@ -26,6 +24,7 @@ from tests.checks import (
     assert_mirrors_equal,
     assert_mirrors_hold,
     compare_at_watermark,
+    crash_seed,
 )
 from tests.delta_checks import assert_change_log_invariants
 from tests.object_stores import minio
@@ -64,8 +63,7 @@ def lease_age(checkpoint_uri: str) -> float | None:
 def test_on_s3_through_faults_kills_and_replicas_started_by_mistake_nothing_is_lost(
     new_database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
-    rng = random.Random(seed)
+    seed, rng = crash_seed()
     with minio(tmp_path) as store, StoreFaults(store.endpoint, FAULTS, seed) as proxy:
         for name, value in store.environment().items():
             monkeypatch.setenv(name, value)

@@ -8,8 +8,6 @@ import base64
 import datetime as dt
 import itertools
 import json
-import os
-import random
 import signal
 import subprocess
 import time
@@ -32,7 +30,7 @@ from ingest.model.snapshot import SnapshotProgress
 from ingest.model.timestamps import NANOS_PER_SECOND, from_datetime, to_rfc3339
 from ingest.rules.snapshot_parts import key_ranges
 from ingest.snapshot.reader import read_table, sample_keys
-from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
+from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark, crash_seed
 from tests.delta_checks import assert_change_log_invariants
 from tests.processes import Pipeline, Service, background_workload, wait_until_landed
 
@@ -95,8 +93,7 @@ def stop_once_landed(
 def test_an_existing_database_is_mirrored_from_one_timestamp_through_kill_9(
     new_database, tmp_path: Path
 ) -> None:
-    seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
-    rng = random.Random(seed)
+    seed, rng = crash_seed()
     database = new_database("googlesql", accounts=40_000)
     # all_types rows cost the pipeline most (every type): few of them, the 100,000 kept
     load_existing_rows(database, accounts=40_000, transfers=55_000, all_types=5_000, seed=seed)

@@ -5,8 +5,6 @@ runs and is replaced; the mirrors must still equal Spanner at the change log's w
 
 from __future__ import annotations
 
-import os
-import random
 import signal
 import time
 from pathlib import Path
@@ -20,6 +18,7 @@ from tests.checks import (
     assert_mirrors_equal,
     assert_mirrors_hold,
     compare_at_watermark,
+    crash_seed,
 )
 from tests.processes import (
     BANKING_TABLES,
@@ -37,8 +36,7 @@ SPARK_MERGE_ABOVE = 200
 def test_mirrors_equal_spanner_on_a_standalone_cluster_that_loses_a_worker(
     new_database, tmp_path: Path
 ) -> None:
-    seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
-    rng = random.Random(seed)
+    seed, rng = crash_seed()
     database, start = accounts_written_after_start(new_database)
     changelog = tmp_path / "changelog"
     cluster = StandaloneCluster(tmp_path / "spark")

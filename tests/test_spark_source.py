@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import random
 import signal
 import time
 from collections import Counter
@@ -35,6 +34,7 @@ from tests.builders import captured_logger
 from tests.checks import (
     assert_mirrors_equal,
     compare_at_watermark,
+    crash_seed,
     start_after_setup,
 )
 from tests.delta_checks import assert_change_log_invariants, read_versions
@@ -64,8 +64,7 @@ def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
     Then kill -9 of an executor while batches run, then of the driver (its JVM with it),
     restarts; every committed transaction once, whole, in order, and the pipeline's mirrors
     equal Spanner at the change log's W."""
-    seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
-    rng = random.Random(seed)
+    seed, rng = crash_seed()
     database = new_database("googlesql", accounts=40_000)
     # all_types rows cost the pipeline most (every type): few of them, the 100,000 kept
     load_existing_rows(database, accounts=40_000, transfers=55_000, all_types=5_000, seed=seed)
