@@ -143,7 +143,6 @@ def run_case(args: argparse.Namespace, rate: float, folder: Path) -> dict[str, A
         rate, args.warmup, args.seconds, args.partitions, args.rows, start
     )
     warm_until = start + int(args.warmup * NANOS_PER_SECOND)
-    last_commit = topology.transactions[-1].commit_timestamp
     streams = topology.records_by_partition()
     server, port = serve(Script(streams, parents=parents_of(streams), live=True), workers=64)
     changelog = folder / "changelog"
@@ -151,43 +150,64 @@ def run_case(args: argparse.Namespace, rate: float, folder: Path) -> dict[str, A
         [__file__, "--ingest", f"{port},{changelog},{start}"], folder / "ingest.log", {}
     )
     pipeline = pipeline_process(folder, changelog)
-    ingest_process = ingest.start()
-    pipeline_processes: list[subprocess.Popen[bytes]] = []
-
-    def cpu_now() -> dict[str, float]:
-        pids = {
-            "server": server.pid,
-            "ingest": ingest_process.pid,
-            "pipeline": pipeline_processes[0].pid,
-        }
-        return {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
-
-    cpu: dict[str, float] = {}
-    baseline: tuple[int, dict[str, float]] | None = None
+    running: dict[str, subprocess.Popen[Any]] = {"server": server, "ingest": ingest.start()}
     try:
-        ingest.wait_for("delta_commit", 1, timeout=60, process=ingest_process)
+        ingest.wait_for("delta_commit", 1, timeout=60, process=running["ingest"])
         pipeline_started = time.time_ns()
-        pipeline_processes.append(pipeline.start())
+        running["pipeline"] = pipeline.start()
+        last_commit = topology.transactions[-1].commit_timestamp
         deadline = time.monotonic() + args.warmup + args.seconds + 300
-        while time.monotonic() < deadline:
-            batches = [e for e in pipeline.events() if e["event"] == "pipeline_batch"]
-            newest = [parse_rfc3339(b["newest_commit"]) for b in batches if b.get("newest_commit")]
-            if newest and max(newest) >= last_commit:
-                break
-            assert pipeline_processes[0].poll() is None, "the pipeline stopped"
-            if baseline is None and time.time_ns() >= warm_until:
-                baseline = time.time_ns(), cpu_now()
-            time.sleep(1.0)
-        if baseline is not None:
-            then, before = baseline
-            seconds = (time.time_ns() - then) / 1e9
-            cpu = {name: (used - before[name]) / seconds for name, used in cpu_now().items()}
+        cpu = cpu_until_mirrored(pipeline, running, last_commit, warm_until, deadline)
     finally:
-        for process in (ingest_process, *pipeline_processes):
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=60)
+        for name in ("ingest", "pipeline"):
+            if name in running:
+                running[name].send_signal(signal.SIGTERM)
+                running[name].wait(timeout=60)
         server.kill()
         server.wait()
+    return figures(rate, topology, ingest, pipeline, (pipeline_started, warm_until), cpu)
+
+
+def cpu_until_mirrored(
+    pipeline: Process,
+    running: dict[str, subprocess.Popen[Any]],
+    last_commit: Nanos,
+    warm_until: Nanos,
+    deadline: float,
+) -> dict[str, float]:
+    """Once a batch has mirrored the last commit: each process's cores used from the warm-up's
+    end (empty if it never ended)."""
+
+    def cpu_now() -> dict[str, float]:
+        return {name: tree_cpu_seconds(process.pid) for name, process in running.items()}
+
+    baseline: tuple[int, dict[str, float]] | None = None
+    while time.monotonic() < deadline:
+        batches = [e for e in pipeline.events() if e["event"] == "pipeline_batch"]
+        newest = [parse_rfc3339(b["newest_commit"]) for b in batches if b.get("newest_commit")]
+        if newest and max(newest) >= last_commit:
+            break
+        assert running["pipeline"].poll() is None, "the pipeline stopped"
+        if baseline is None and time.time_ns() >= warm_until:
+            baseline = time.time_ns(), cpu_now()
+        time.sleep(1.0)
+    if baseline is None:
+        return {}
+    then, before = baseline
+    seconds = (time.time_ns() - then) / 1e9
+    return {name: (used - before[name]) / seconds for name, used in cpu_now().items()}
+
+
+def figures(
+    rate: float,
+    topology: Topology,
+    ingest: Process,
+    pipeline: Process,
+    times: tuple[Nanos, Nanos],
+    cpu: dict[str, float],
+) -> dict[str, Any]:
+    """The case's latencies (``times``: when the pipeline started, when the warm-up ended)."""
+    pipeline_started, warm_until = times
     batches = [e for e in pipeline.events() if e["event"] == "pipeline_batch"]
     commits = [e for e in ingest.events() if e["event"] == "delta_commit"]
     first = next(parse_rfc3339(b["timestamp"]) for b in batches if b.get("newest_commit"))

@@ -124,14 +124,36 @@ def main(argv: list[str] | None = None) -> int:
     timers.wrap(pipeline.batch_writer, "write_batch", timers.write_batch)
     timers.wrap(pipeline.landing, "merge_on_driver", timers.merge)
     timers.wrap(pipeline.landing, "merge_into_mirror", timers.merge)
+    marks, progress = profile(config, timers, args.class_archive == "off")
+    assert len(progress) == args.versions == len(timers.write_batch), (
+        len(progress),
+        len(timers.write_batch),
+    )
+    print(
+        machine_line(
+            f"local[2], {config.shuffle_partitions} shuffle partitions; "
+            f"{args.versions} versions of {args.rows_per_version} change rows "
+            f"({MODS_PER_TRANSACTION} mods per transaction), {args.keys} keys, MERGE {args.merge}"
+        )
+    )
+    for name, seconds in marks.items():
+        print(f"{name}\t{seconds:.1f} s")
+    print_phases(progress, timers)
+    return 0
 
+
+def profile(
+    config: PipelineConfig, timers: Timers, without_class_archive: bool
+) -> tuple[dict[str, float], list[Any]]:
+    """The job's query over the change log, available-now: the marks on the way to its first
+    batch (seconds) and the progress of each batch that read rows."""
     marks = {"process start → profile start (imports, change log landed)": since_process_start()}
     began = time.monotonic()
     spark = build_session(
         "microbatch-profile",
         master="local[2]",
         shuffle_partitions=config.shuffle_partitions,
-        extra={**spark_settings(config), **without_archive(args.class_archive == "off")},
+        extra={**spark_settings(config), **without_archive(without_class_archive)},
     )
     spark.sparkContext.setLogLevel("ERROR")
     marks["Spark session"] = time.monotonic() - began
@@ -145,23 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     query = start_query(spark, config, plan, JobStats(), log, PipelineMetrics())
     marks["query started (start_query returned), from process start"] = since_process_start()
     query.awaitTermination()
-    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
-    assert len(progress) == args.versions == len(timers.write_batch), (
-        len(progress),
-        len(timers.write_batch),
-    )
     marks["first batch done, from process start"] = timers.ended_at[0]
     marks["first batch done, from start_query"] = timers.ended_at[0] - query_started
+    return marks, [p for p in query.recentProgress if p["numInputRows"] > 0]
 
-    print(
-        machine_line(
-            f"local[2], {config.shuffle_partitions} shuffle partitions; "
-            f"{args.versions} versions of {args.rows_per_version} change rows "
-            f"({MODS_PER_TRANSACTION} mods per transaction), {args.keys} keys, MERGE {args.merge}"
-        )
-    )
-    for name, seconds in marks.items():
-        print(f"{name}\t{seconds:.1f} s")
+
+def print_phases(progress: list[Any], timers: Timers) -> None:
+    """Each phase's seconds: the first batch's, and the median and range of the later ones."""
     print("phase\tfirst batch s\tlater batches median s\tmin-max s")
     phases: dict[str, list[float]] = {
         f"spark {name}": [p["durationMs"].get(name, 0) / 1000 for p in progress]
@@ -178,7 +190,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{name}\t{values[0]:.2f}\t{statistics.median(later):.2f}\t"
             f"{min(later):.2f}-{max(later):.2f}"
         )
-    return 0
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ from ingest.model.timestamps import parse_rfc3339, to_rfc3339
 from pipeline.batch_writer import JobStats
 from pipeline.columns import OPERATION, mirror_uri
 from pipeline.config import PipelineConfig
-from pipeline.deployment import plan_deployment
+from pipeline.deployment import Plan, plan_deployment
 from pipeline.job import read_changes, spark_settings, start_query
 from pipeline.landing import write_batch
 from pipeline.metrics import PipelineMetrics
@@ -255,6 +255,20 @@ def run_variant(spark: Any, variant: str, changelog: str, work: Path) -> dict[st
     plan = plan_deployment(config, log)
     for table, shape in plan.shapes.items():
         ensure_mirror(spark, mirror_uri(config.mirror_root, table), shape, log)
+    started = time.monotonic()
+    if variant == "row":
+        query = start_query(spark, config, plan, JobStats(), log, PipelineMetrics())
+    else:
+        query = start_baseline(spark, variant, config, plan)
+    query.awaitTermination()
+    seconds = time.monotonic() - started
+    return figures(spark, variant, query, seconds, mirror_uri(config.mirror_root, "accounts"), work)
+
+
+def start_baseline(spark: Any, variant: str, config: PipelineConfig, plan: Plan) -> Any:
+    """The query of a variant other than the job's own: the same read, the same MERGE of each
+    batch, another way from the change log's rows to the mirror's."""
+    log = null_logger()
 
     def merge(transform: Callable[[DataFrame], DataFrame]) -> Callable[[DataFrame, int], None]:
         def land(batch: DataFrame, batch_id: int) -> None:
@@ -270,44 +284,41 @@ def run_variant(spark: Any, variant: str, changelog: str, work: Path) -> dict[st
 
         return land
 
-    started = time.monotonic()
-    if variant == "row":
-        query = start_query(spark, config, plan, JobStats(), log, PipelineMetrics())
-    else:
-        changes = read_changes(spark, config).select(*INPUT_COLUMNS)
-        grouped = changes.groupBy("table_name", "keys")
-        if variant == "pandas":
-            applied = grouped.transformWithStateInPandas(
-                PandasChangeApplier(plan.shapes),
-                output_schema(plan.shapes),
-                "Update",
-                "ProcessingTime",
-            )
-            sink = applied.writeStream.foreachBatch(merge(lambda b: b))
-        elif variant in ROW_PROCESSORS:
-            processor = ROW_PROCESSORS[variant](plan.shapes)
-            applied = grouped.transformWithState(
-                processor, output_schema(plan.shapes), "Update", "ProcessingTime"
-            )
-            sink = applied.writeStream.foreachBatch(merge(lambda b: b))
-        else:
-            sink = changes.writeStream.foreachBatch(
-                merge(lambda b: newest_change_per_key(b, plan.shapes))
-            )
-        query = (
-            sink.option("checkpointLocation", config.checkpoint_uri)
-            .trigger(availableNow=True)
-            .start()
+    changes = read_changes(spark, config).select(*INPUT_COLUMNS)
+    grouped = changes.groupBy("table_name", "keys")
+    if variant == "pandas":
+        applied = grouped.transformWithStateInPandas(
+            PandasChangeApplier(plan.shapes),
+            output_schema(plan.shapes),
+            "Update",
+            "ProcessingTime",
         )
-    query.awaitTermination()
-    seconds = time.monotonic() - started
+        sink = applied.writeStream.foreachBatch(merge(lambda b: b))
+    elif variant in ROW_PROCESSORS:
+        processor = ROW_PROCESSORS[variant](plan.shapes)
+        applied = grouped.transformWithState(
+            processor, output_schema(plan.shapes), "Update", "ProcessingTime"
+        )
+        sink = applied.writeStream.foreachBatch(merge(lambda b: b))
+    else:
+        sink = changes.writeStream.foreachBatch(
+            merge(lambda b: newest_change_per_key(b, plan.shapes))
+        )
+    return (
+        sink.option("checkpointLocation", config.checkpoint_uri).trigger(availableNow=True).start()
+    )
+
+
+def figures(
+    spark: Any, variant: str, query: Any, seconds: float, mirror: str, work: Path
+) -> dict[str, Any]:
+    """What the ended query's progress reports, its state's size on disk and the mirror's rows."""
     progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     store = [o["customMetrics"] for p in progress for o in p["stateOperators"]]
     batch_ms = sorted(p["durationMs"]["triggerExecution"] for p in progress)
     state_bytes = sum(
         f.stat().st_size for f in (work / "checkpoint" / "state").rglob("*") if f.is_file()
     )
-    mirror = spark.read.format("delta").load(mirror_uri(config.mirror_root, "accounts"))
     return {
         "variant": variant,
         "input_rows": sum(p["numInputRows"] for p in progress),
@@ -318,7 +329,7 @@ def run_variant(spark: Any, variant: str, changelog: str, work: Path) -> dict[st
         "state_mib": state_bytes / 2**20,
         "state_reads": sum(m.get("rocksdbGetCount", 0) for m in store),
         "state_writes": sum(m.get("rocksdbPutCount", 0) for m in store),
-        "mirror_rows": mirror.count(),
+        "mirror_rows": spark.read.format("delta").load(mirror).count(),
     }
 
 

@@ -151,15 +151,15 @@ class Pausable:
     waits on the same rows (seen: a 2-minute livelock)."""
 
     def __init__(self, database: Any) -> None:
-        self._database = database
+        self.database = database
         self.lock = threading.Lock()
 
     def run_in_transaction(self, work: Any, **options: Any) -> Any:
         with self.lock:
-            return self._database.run_in_transaction(work, **options)
+            return self.database.run_in_transaction(work, **options)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._database, name)
+        return getattr(self.database, name)
 
 
 @retry(
@@ -265,32 +265,10 @@ def run(args: argparse.Namespace, work: Path) -> int:
         client = spanner.Client(project="local-project")
         database = bootstrap(client, database_id=f"soak_{os.getpid() % 10000}", accounts=ACCOUNTS)
         load_existing_rows(database, ACCOUNTS, args.existing_rows, args.existing_rows)
-        token = work / "control-token"
-        token.write_text(secrets.token_urlsafe(24) + "\n")
-        health_port = free_port()
+        control = Control(free_port(), work / "control-token")
+        control.token.write_text(secrets.token_urlsafe(24) + "\n")
         changelog = work / "changelog"
-        ingest = Process(
-            ["-m", "ingest", "run"],
-            work / "ingest.log",
-            {
-                "SPANNER_DATABASE": database.database_id,
-                "INGEST_TABLE_URI": str(changelog),
-                "INGEST_CHECKPOINT_INTERVAL_S": "5",
-                "INGEST_FLUSH_LATENCY_MS": "500",
-                "INGEST_LEASE_S": "15",
-                "INGEST_HEALTH_PORT": str(health_port),
-                "INGEST_SNAPSHOT_MODE": "initial",
-                "INGEST_CONTROL_TOKEN_FILE": str(token),
-            },
-        )
-        pipeline = pipeline_process(work, changelog)
-        if args.max_evolutions:
-            pipeline.env["PIPELINE_MAX_EVOLUTIONS_PER_VARIABLE"] = str(args.max_evolutions)
-        product = Product(ingest, pipeline, time.monotonic())
-        product.start("ingest")
-        ingest.wait_for("ingest_started", 1, timeout=120, process=product.current("ingest"))
-        product.start("pipeline")
-
+        product = start_product(args, database.database_id, changelog, control, work)
         stop = threading.Event()
         pausable = Pausable(database)
         workload = Workload(
@@ -305,55 +283,119 @@ def run(args: argparse.Namespace, work: Path) -> int:
         thread = threading.Thread(target=workload.run, args=(stop,))
         workload_began = time.monotonic() - product.began
         thread.start()
-        columns = 0
-        last_own: Nanos = 0
-        snapshot_reply = ""
-        next_report = workload_began + 60
         try:
-            for moment, action in schedule(args):
-                while time.monotonic() - product.began < workload_began + moment:
-                    product.sample()
-                    if time.monotonic() - product.began >= next_report:
-                        print(progress(product, workload, columns), flush=True)
-                        next_report += 60
-                    time.sleep(args.sample_s)
-                if action == "schema":
-                    kind, value = NEW_COLUMN_KINDS[columns % len(NEW_COLUMN_KINDS)]
-                    columns += 1
-                    with pausable.lock:
-                        add_column(database, f"soak_c{columns}", kind)
-                        filled = fill_column(database, f"soak_c{columns}", value)
-                    last_own = max(last_own, filled)
-                elif action == "kill ingest":
-                    product.kill("ingest")
-                elif action == "kill pipeline":
-                    product.kill("pipeline")
-                else:
-                    snapshot_reply = snapshot_again(health_port, token, "all_types", timeout=120)
+            done = follow_schedule(args, product, pausable, workload, workload_began, control)
             while thread.is_alive():
                 product.sample()
                 time.sleep(args.sample_s)
-            last = max([last_own, *(t.commit_timestamp for t in workload.committed)])
+            last = max([done.last_own, *(t.commit_timestamp for t in workload.committed)])
             drain(product, changelog, work / "mirrors", last, args)
         finally:
             stop.set()
             thread.join()
             for lives in product.lives.values():
                 with_group_killed(lives[-1].process)
-
         first = min(t.commit_timestamp for t in workload.committed)
-        audited = subprocess.run(
-            [
-                *(sys.executable, "-m", "ingest", "audit", "--database", database.database_id),
-                *("--start-timestamp", to_rfc3339(first), "--changelog", str(changelog)),
-            ],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        )
+        audited = audit(database.database_id, changelog, first)
         mirrors = check_mirrors(database, work)
 
-    return report(args, product, workload, columns, snapshot_reply, audited, mirrors, work)
+    return report(
+        args, product, workload, done.columns, done.snapshot_reply, audited, mirrors, work
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """The ingest service's health port and the token file its control requests need."""
+
+    health_port: int
+    token: Path
+
+
+@dataclass(slots=True)
+class Done:
+    """What the schedule did: columns added, the newest commit of its own, the last reply to an
+    on-demand snapshot request."""
+
+    columns: int = 0
+    last_own: Nanos = 0
+    snapshot_reply: str = ""
+
+
+def start_product(
+    args: argparse.Namespace, database_id: str, changelog: Path, control: Control, work: Path
+) -> Product:
+    """The ingest service (with an initial snapshot), then the pipeline once it has started."""
+    ingest = Process(
+        ["-m", "ingest", "run"],
+        work / "ingest.log",
+        {
+            "SPANNER_DATABASE": database_id,
+            "INGEST_TABLE_URI": str(changelog),
+            "INGEST_CHECKPOINT_INTERVAL_S": "5",
+            "INGEST_FLUSH_LATENCY_MS": "500",
+            "INGEST_LEASE_S": "15",
+            "INGEST_HEALTH_PORT": str(control.health_port),
+            "INGEST_SNAPSHOT_MODE": "initial",
+            "INGEST_CONTROL_TOKEN_FILE": str(control.token),
+        },
+    )
+    pipeline = pipeline_process(work, changelog)
+    if args.max_evolutions:
+        pipeline.env["PIPELINE_MAX_EVOLUTIONS_PER_VARIABLE"] = str(args.max_evolutions)
+    product = Product(ingest, pipeline, time.monotonic())
+    product.start("ingest")
+    ingest.wait_for("ingest_started", 1, timeout=120, process=product.current("ingest"))
+    product.start("pipeline")
+    return product
+
+
+def follow_schedule(
+    args: argparse.Namespace,
+    product: Product,
+    pausable: Pausable,
+    workload: Workload,
+    workload_began: float,
+    control: Control,
+) -> Done:
+    """Each scheduled event at its moment (a column added and filled, a kill, a snapshot
+    request), sampling the product and printing progress each minute in between."""
+    done = Done()
+    next_report = workload_began + 60
+    for moment, action in schedule(args):
+        while time.monotonic() - product.began < workload_began + moment:
+            product.sample()
+            if time.monotonic() - product.began >= next_report:
+                print(progress(product, workload, done.columns), flush=True)
+                next_report += 60
+            time.sleep(args.sample_s)
+        if action == "schema":
+            kind, value = NEW_COLUMN_KINDS[done.columns % len(NEW_COLUMN_KINDS)]
+            done.columns += 1
+            with pausable.lock:
+                add_column(pausable.database, f"soak_c{done.columns}", kind)
+                filled = fill_column(pausable.database, f"soak_c{done.columns}", value)
+            done.last_own = max(done.last_own, filled)
+        elif action in ("kill ingest", "kill pipeline"):
+            product.kill(action.removeprefix("kill "))
+        else:
+            done.snapshot_reply = snapshot_again(
+                control.health_port, control.token, "all_types", timeout=120
+            )
+    return done
+
+
+def audit(database_id: str, changelog: Path, first: Nanos) -> subprocess.CompletedProcess[str]:
+    """``python -m ingest audit`` of the window from the workload's first commit."""
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "ingest", "audit", "--database", database_id),
+            *("--start-timestamp", to_rfc3339(first), "--changelog", str(changelog)),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def drain(product: Product, changelog: Path, mirrors: Path, last: Nanos, args: Any) -> None:

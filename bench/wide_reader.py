@@ -24,8 +24,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from emulator.machine import machine_line
@@ -91,6 +92,51 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+@dataclass
+class Counters:
+    """What a run counts as it goes: the queries the reader issues, the records it releases,
+    the commit → release latency of the steady state's transactions, and samples of them all."""
+
+    steady_from: Nanos
+    end: Nanos
+    queries: int = 0
+    records: int = 0
+    latencies: list[float] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+
+    def land(self, release: Release) -> None:
+        now = time.time_ns()
+        for transaction in release.transactions:
+            if self.steady_from <= transaction.commit_timestamp <= self.end:
+                self.latencies.append((now - transaction.commit_timestamp) / NANOS_PER_SECOND)
+            self.records += len(transaction.records)
+
+    def sample_until(self, done: threading.Event) -> None:
+        while not done.wait(0.1):
+            self.samples.append(
+                Sample(
+                    time.time_ns(),
+                    cpu_seconds(),
+                    self.records,
+                    self.queries,
+                    threading.active_count(),
+                    rss_mib(),
+                )
+            )
+
+
+@dataclass
+class CountingQuery:
+    """The scripted server's query, counting the partition queries the reader issues."""
+
+    query: Any
+    counters: Counters
+
+    def read(self, token: str | None, start: Nanos, end: Nanos | None) -> Iterator[ChangeRecord]:
+        self.counters.queries += 1
+        return self.query.read(token, start, end)
+
+
 def run(
     width: int, turns: int, seconds: int, warmup: int, rate: int, seed: int
 ) -> dict[str, float]:
@@ -99,62 +145,31 @@ def run(
     transactions = (warmup + seconds) * rate
     start = time.time_ns() + 3 * NANOS_PER_SECOND + width * 1_000_000  # time to build and serve
     horizon = (warmup + seconds) * NANOS_PER_SECOND
-    steady_from = start + warmup * NANOS_PER_SECOND
     changes = min(400, max(2, width // 10))
     args = dict(
         partitions=width, changes=changes, transactions=transactions, start=start, horizon=horizon
     )
     topology = build_wide_topology(random.Random(seed), **args)
     server, port = serve(Script(topology.records_by_partition(), live=True), 4 * turns + 16)
+    counters = Counters(start + warmup * NANOS_PER_SECOND, start + horizon)
     try:
         config = ReaderConfig(
             start_timestamp=start, end_timestamp=start + horizon, max_concurrent_partitions=turns
         )
-        query = scripted_query(port)
-        queries = 0
-
-        class Counting:
-            def read(
-                self, token: str | None, start: Nanos, end: Nanos | None
-            ) -> Iterator[ChangeRecord]:
-                nonlocal queries
-                queries += 1
-                return query.read(token, start, end)
-
-        reader = ChangeStreamReader(Counting(), config, null_logger())
-        latencies: list[float] = []
-        records = 0
-        samples: list[Sample] = []
+        query = CountingQuery(scripted_query(port), counters)
+        reader = ChangeStreamReader(query, config, null_logger())
         done = threading.Event()
-
-        def land(release: Release) -> None:
-            nonlocal records
-            now = time.time_ns()
-            for transaction in release.transactions:
-                if steady_from <= transaction.commit_timestamp <= start + horizon:
-                    latencies.append((now - transaction.commit_timestamp) / NANOS_PER_SECOND)
-                records += len(transaction.records)
-
-        def sample() -> None:
-            while not done.wait(0.1):
-                samples.append(
-                    Sample(
-                        time.time_ns(),
-                        cpu_seconds(),
-                        records,
-                        queries,
-                        threading.active_count(),
-                        rss_mib(),
-                    )
-                )
-
-        threading.Thread(target=sample, daemon=True).start()
-        reader.run(land, threading.Event())
+        threading.Thread(target=counters.sample_until, args=(done,), daemon=True).start()
+        reader.run(counters.land, threading.Event())
         done.set()
     finally:
         server.kill()
         server.wait()
-    steady = [s for s in samples if steady_from <= s.at <= start + horizon]
+    return figures(width, turns, counters)
+
+
+def figures(width: int, turns: int, counters: Counters) -> dict[str, float]:
+    steady = [s for s in counters.samples if counters.steady_from <= s.at <= counters.end]
     assert len(steady) >= 2, "no steady state sampled: run longer"
     first, last = steady[0], steady[-1]
     span = (last.at - first.at) / NANOS_PER_SECOND
@@ -164,8 +179,8 @@ def run(
         "width": width,
         "turns": turns,
         "records_per_s": steady_records / span,
-        "p50_s": percentile(latencies, 0.5),
-        "p99_s": percentile(latencies, 0.99),
+        "p50_s": percentile(counters.latencies, 0.5),
+        "p99_s": percentile(counters.latencies, 0.99),
         "cpu_ms_per_record": 1000 * cpu / max(steady_records, 1),
         "queries_per_s": (last.queries - first.queries) / span,
         "cpu_ms_per_query": 1000 * cpu / max(last.queries - first.queries, 1),
