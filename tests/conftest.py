@@ -239,7 +239,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return None
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     for attempt in (1, 2):
-        STARTED_SERVICES.clear()
+        STARTED_SERVICES[:] = [service for service in STARTED_SERVICES if service.running]
         reports = runtestprotocol(item, nextitem=nextitem, log=False)
         rerun = attempt == 1 and OMITTED_BY_EMULATOR in item.stash
         for report in reports:
@@ -250,7 +250,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             break
         del item.stash[OMITTED_BY_EMULATOR]
         item.user_properties = []  # the first attempt's reports keep theirs
-    STARTED_SERVICES.clear()
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 

@@ -21,8 +21,9 @@ BANKING_TABLES = ("accounts", "transfers")
 
 
 STARTED_SERVICES: list[Service] = []
-"""The services the running test started: a failed emulator test audits their change logs
-(tests/conftest.py), so an emulator omission is told apart from the product's loss."""
+"""The services the running test started, and those a module's fixture started that still run:
+a failed emulator test audits their change logs (tests/conftest.py), so an emulator omission is
+told apart from the product's loss."""
 
 
 class Service(Process):
@@ -55,11 +56,18 @@ class Service(Process):
         )
         if start is None:
             self.env.pop("INGEST_START_TIMESTAMP", None)
+        self.started: list[subprocess.Popen[bytes]] = []
 
     def start(self, *extra: str) -> subprocess.Popen[bytes]:
         if self not in STARTED_SERVICES:
             STARTED_SERVICES.append(self)
-        return super().start(*extra)
+        process = super().start(*extra)
+        self.started.append(process)
+        return process
+
+    @property
+    def running(self) -> bool:
+        return any(process.poll() is None for process in self.started)
 
 
 class SparkSource(Service):
