@@ -130,11 +130,16 @@ class ChangeLogAudit:
 
 
 def audit_changelog(
-    database: Database, stream: str, changelog_uri: str, events: Iterable[Mapping[str, Any]]
+    database: Database,
+    stream: str,
+    changelog_uri: str,
+    events: Iterable[Mapping[str, Any]],
+    stop: threading.Event | None = None,
 ) -> ChangeLogAudit | None:
     """The change log against a re-read of its window, with what the reader logged at debug
     (``events``) telling an emulator omission from the product's loss; None when the change log
-    holds no checkpoint with a job start, or its W has not reached the start yet."""
+    holds no checkpoint with a job start, or its W has not reached the start yet. ``stop`` set
+    ends the re-read early: the audit then raises rather than report what it did not read."""
     newest = newest_checkpoint(DeltaTable(changelog_uri))
     if newest is None or newest[1].job_start is None:
         return None
@@ -143,7 +148,10 @@ def audit_changelog(
         return None
     config = ReaderConfig(start_timestamp=start, end_timestamp=end, heartbeat_ms=1000)
     source = ChangeStreamQuery(database, stream, detect_dialect(database), 1000)
-    read = stream_digests(source, config, make_logger(io.StringIO()), threading.Event())
+    stop = stop or threading.Event()
+    read = stream_digests(source, config, make_logger(io.StringIO()), stop)
+    if stop.is_set():
+        raise TimeoutError("the re-read was stopped before the window's end")
     report = compare(
         start, end, read.by_transaction, changelog_digests(changelog_uri, start, end).by_transaction
     )
