@@ -124,9 +124,25 @@ class ChangeLogAudit:
             and all(o.emulator_omitted for o in self.omissions)
         )
 
+    @property
+    def whole(self) -> bool:
+        return not self.omissions and not self.other_differences
+
     def __str__(self) -> str:
         said = [str(o) for o in self.omissions] + list(self.other_differences)
         return f"{self.window}: " + ("; ".join(said) if said else "the change log is whole")
+
+
+def only_the_emulator_lost(audits: Sequence[ChangeLogAudit | str]) -> bool:
+    """Whether a failed test may run again: every change log of it was audited (a string says
+    why one was not), none shows a loss of the product's, and one lacks what the emulator's live
+    query omitted."""
+    taken = [audit for audit in audits if isinstance(audit, ChangeLogAudit)]
+    return (
+        len(taken) == len(audits)
+        and all(audit.whole or audit.only_emulator_omissions for audit in taken)
+        and any(audit.only_emulator_omissions for audit in taken)
+    )
 
 
 def audit_changelog(

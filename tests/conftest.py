@@ -14,7 +14,12 @@ from google.cloud import spanner
 from google.cloud.spanner_v1.database import Database
 
 from emulator.bootstrap import bootstrap
-from emulator.omissions import REPORT_PROPERTY, ChangeLogAudit, audit_changelog
+from emulator.omissions import (
+    REPORT_PROPERTY,
+    ChangeLogAudit,
+    audit_changelog,
+    only_the_emulator_lost,
+)
 from emulator.server import EmulatorNotFound, RunningEmulator, emulator, find_emulator_binary
 from tests import cpu_use
 from tests.processes import STARTED_SERVICES, Service
@@ -203,22 +208,14 @@ def _audit_services(item: pytest.Item, report: pytest.TestReport) -> None:
     W is named, with whether the reader ever received it. When the emulator's live query alone
     explains every loss, the test runs once more (``pytest_runtest_protocol``); a loss the
     product made, or one the record log cannot explain, fails it."""
-    audits: list[ChangeLogAudit] = []
-    for service in STARTED_SERVICES:
-        audit = _audit(service)
-        if isinstance(audit, str):
-            report.sections.append(("change log audit", audit))
-            continue
-        audits.append(audit)
+    audits = [_audit(service) for service in STARTED_SERVICES]
+    for service, audit in zip(STARTED_SERVICES, audits, strict=True):
         report.sections.append(("change log audit", f"{service.log.name}: {audit}"))
-        for omission in audit.omissions:
-            report.user_properties.append((REPORT_PROPERTY, str(omission)))
-    if (
-        audits
-        and all(a.only_emulator_omissions or not a.omissions for a in audits)
-        and any(a.only_emulator_omissions for a in audits)
-    ):
-        item.stash[OMITTED_BY_EMULATOR] = "; ".join(str(a) for a in audits if a.omissions)
+        if isinstance(audit, ChangeLogAudit):
+            for omission in audit.omissions:
+                report.user_properties.append((REPORT_PROPERTY, str(omission)))
+    if only_the_emulator_lost(audits):
+        item.stash[OMITTED_BY_EMULATOR] = "; ".join(str(a) for a in audits)
 
 
 def _audit(service: Service) -> ChangeLogAudit | str:
@@ -236,13 +233,13 @@ def _audit(service: Service) -> ChangeLogAudit | str:
     try:
         audit = asked.result(timeout=AUDIT_WITHIN_S)
     except concurrent.futures.TimeoutError:
-        return f"{service.log.name}: not audited: the re-read took over {AUDIT_WITHIN_S} s"
+        return f"not audited: the re-read took over {AUDIT_WITHIN_S} s"
     except Exception as error:  # the failure stands; the audit only explains it
-        return f"{service.log.name}: not audited: {type(error).__name__}: {str(error)[:300]}"
+        return f"not audited: {type(error).__name__}: {str(error)[:300]}"
     finally:
         stop.set()
         pool.shutdown(wait=False, cancel_futures=True)
-    return audit if audit is not None else f"{service.log.name}: no checkpoint to audit"
+    return audit if audit is not None else "not audited: no checkpoint with a job start yet"
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -13,8 +13,11 @@ from emulator.omissions import (
     NO_RECORD_LOG,
     PRODUCT_DROPPED,
     UNEXPLAINED,
+    ChangeLogAudit,
+    Omission,
     audit_changelog,
     classify,
+    only_the_emulator_lost,
 )
 from emulator.verify import landed_transactions
 from ingest.model.timestamps import from_datetime, to_rfc3339
@@ -43,6 +46,25 @@ def test_each_missing_transaction_is_classified_from_what_the_client_received() 
         (to_rfc3339(lost), UNEXPLAINED, ""),
     ]
     assert [o.emulator_omitted for o in omissions] == [False, True, True, False]
+
+
+def test_a_failed_test_runs_again_only_when_the_emulator_alone_lost_something() -> None:
+    omitted = Omission("t1", EMULATOR_OMITTED, "a record or heartbeat")
+    whole = ChangeLogAudit("w", (), ())
+    lost = ChangeLogAudit("w", (omitted,), ())
+    assert only_the_emulator_lost([lost, whole])
+    assert not only_the_emulator_lost([whole]), "nothing lost: the failure is the test's own"
+    assert not only_the_emulator_lost([])
+    for product in (
+        ChangeLogAudit("w", (omitted, Omission("t2", PRODUCT_DROPPED)), ()),
+        ChangeLogAudit("w", (omitted, Omission("t2", UNEXPLAINED)), ()),
+        ChangeLogAudit("w", (omitted, Omission("t2", NO_RECORD_LOG)), ()),
+        ChangeLogAudit("w", (omitted,), ("differing t3 transaction x",)),
+    ):
+        assert not only_the_emulator_lost([product]), str(product)
+    other = ChangeLogAudit("w", (), ("extra t4 transaction y",))
+    assert not only_the_emulator_lost([lost, other]), "another change log shows the product's"
+    assert not only_the_emulator_lost([lost, "not audited: the re-read took over 300 s"])
 
 
 @pytest.mark.emulator
