@@ -21,6 +21,7 @@ from ingest.contract.changelog import (
     from_json,
 )
 from ingest.model.timestamps import parse_rfc3339, to_rfc3339
+from ingest.service.audit import NOT_TRANSACTIONS
 from pipeline.catalog import scan
 from runtime.storage import arrow_filesystem
 
@@ -62,6 +63,30 @@ def read_versions(table: Path | str) -> list[Version]:
             )
         )
     return versions
+
+
+def late_landings(table: Path | str) -> list[str]:
+    """Transactions landed at or below an earlier version's low watermark: that version's cut
+    claimed them before they were in the change log, so a job that read up to it missed them
+    (what a comparison made later, once they had landed, cannot show)."""
+    said: dict[str, str] = {}
+    passed = None
+    for version in read_versions(table):
+        if version.checkpoint is None:
+            continue  # not the sink's landing: a rewrite (a user's DELETE) re-adds older rows
+        for row in version.rows:
+            stamp = parse_rfc3339(row["commit_timestamp_text"])
+            if row["mod_type"] in NOT_TRANSACTIONS or passed is None or stamp > passed:
+                continue
+            said.setdefault(
+                row["server_transaction_id"],
+                f"late {row['commit_timestamp_text']} transaction {row['server_transaction_id']}: "
+                f"in version {version.number}, at or below an earlier version's W "
+                f"{to_rfc3339(passed)}",
+            )
+        watermark = version.checkpoint.resume_point.low_watermark
+        passed = watermark if passed is None else max(passed, watermark)
+    return list(said.values())
 
 
 def assert_change_log_invariants(

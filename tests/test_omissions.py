@@ -20,7 +20,12 @@ from emulator.omissions import (
     only_the_emulator_lost,
 )
 from emulator.verify import landed_transactions
+from ingest.delta.sink import DeltaChangeLogSink
+from ingest.model.records import Transaction
+from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.timestamps import from_datetime, to_rfc3339
+from tests.builders import record
+from tests.delta_checks import late_landings
 from tests.processes import Service, wait_until
 
 T = 1_764_000_000_000_000_000
@@ -92,6 +97,7 @@ def test_a_failed_test_s_audit_names_a_lost_transaction_and_who_lost_it(
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
+    assert late_landings(changelog) == [], "a service's own landings are never behind a cut"
     lost = committed[2]
     table = DeltaTable(str(changelog))
     table.alter.set_table_properties({"delta.appendOnly": "false"})
@@ -112,3 +118,21 @@ def test_a_failed_test_s_audit_names_a_lost_transaction_and_who_lost_it(
     unknown = audit_changelog(database, "all_changes", str(changelog), unlogged)
     assert unknown is not None and [o.verdict for o in unknown.omissions] == [NO_RECORD_LOG]
     assert not unknown.only_emulator_omissions
+
+
+def test_a_transaction_landed_behind_an_earlier_cut_is_named_late(tmp_path: Path) -> None:
+    """What a comparison made after the fact cannot show: a version whose W passed a
+    transaction that only a later version landed (a job that read up to it missed it)."""
+    sink = DeltaChangeLogSink(str(tmp_path / "changelog"), "job", "owner")
+    sink.continue_after(None)
+    early, late = T + 1_000, T + 2_000
+
+    def land(stamp: int, txid: str, watermark: int) -> None:
+        transaction = Transaction(stamp, txid, (record(stamp, txid, 1, 1),))
+        sink.commit([transaction], ResumePoint(watermark, ResumablePartitions((), ())))
+
+    land(early, "first", late + 1_000)
+    assert late_landings(tmp_path / "changelog") == []
+    land(late, "behind", late + 2_000)
+    [said] = late_landings(tmp_path / "changelog")
+    assert said.startswith(f"late {to_rfc3339(late)} transaction behind: in version 1"), said
