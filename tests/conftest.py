@@ -25,7 +25,7 @@ from emulator.server import EmulatorNotFound, RunningEmulator, emulator, find_em
 from tests import cpu_use
 from tests.delta_checks import late_landings
 from tests.processes import STARTED_SERVICES, Service
-from tests.stalls import EmulatorStalled
+from tests.stalls import EmulatorStalled, service_stream
 
 pytest_plugins = ["tests.pipeline_runs"]
 """The ``spark`` fixture of the pipeline tests (a module that defines its own keeps it)."""
@@ -197,11 +197,11 @@ def pytest_runtest_makereport(
     return report
 
 
-OMITTED_BY_EMULATOR = pytest.StashKey[str]()
+OMITTED_BY_EMULATOR = pytest.StashKey[bool]()
+"""Set on a test whose failed attempt lost nothing but what the emulator's live query omitted."""
 AUDIT_WITHIN_S = 300
 """How long the re-read of one change log's window may take (about 2,000 rows/s here): an
 emulator that stopped answering must not hang the worker."""
-"""Set on a test whose failed attempt lost nothing but what the emulator's live query omitted."""
 
 
 def _audit_services(item: pytest.Item, report: pytest.TestReport) -> None:
@@ -217,19 +217,16 @@ def _audit_services(item: pytest.Item, report: pytest.TestReport) -> None:
             for omission in audit.omissions:
                 report.user_properties.append((REPORT_PROPERTY, str(omission)))
     if only_the_emulator_lost(audits):
-        item.stash[OMITTED_BY_EMULATOR] = "; ".join(str(a) for a in audits)
+        item.stash[OMITTED_BY_EMULATOR] = True
 
 
 def _audit(service: Service) -> ChangeLogAudit | str:
     """The audit of one service's change log, or why it could not be taken."""
-    env = service.env
-    client = spanner.Client(project=env.get("SPANNER_PROJECT", "local-project"))
-    instance = client.instance(env.get("SPANNER_INSTANCE", "local-instance"))
-    database = instance.database(env["SPANNER_DATABASE"])
-    stream = env.get("SPANNER_CHANGE_STREAM", "all_changes")
+    database, stream = service_stream(service.env)
     stop = threading.Event()
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    asked = pool.submit(_audited, database, stream, env["INGEST_TABLE_URI"], service, stop)
+    changelog = service.env["INGEST_TABLE_URI"]
+    asked = pool.submit(_audited, database, stream, changelog, service, stop)
     try:
         audit = asked.result(timeout=AUDIT_WITHIN_S)
     except concurrent.futures.TimeoutError:

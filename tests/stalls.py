@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from google.cloud import spanner
@@ -40,11 +40,7 @@ def triage(
 ) -> AssertionError:
     """The failure for a landing that stopped: transactions missing behind the change log's W
     (``committed`` and ``table`` given), ``EmulatorStalled``, or the product's stall."""
-    env = service.env
-    client = spanner.Client(project=env.get("SPANNER_PROJECT", "local-project"))
-    instance = client.instance(env.get("SPANNER_INSTANCE", "local-instance"))
-    database = instance.database(env["SPANNER_DATABASE"])
-    stream = env.get("SPANNER_CHANGE_STREAM", "all_changes")
+    database, stream = service_stream(service.env)
     if committed and (gap := missing_behind_w(database, stream, table, committed)):
         return AssertionError(f"{figures}; {gap}")
     stuck = [e for e in service.events() if e["event"] == "partition_stuck"]
@@ -63,6 +59,15 @@ def triage(
         return EmulatorStalled(f"{figures}; the emulator did not answer {unanswered}")
     asked = " and ".join(question for question, _ in questions)
     return AssertionError(f"{figures}; the product stalled (the emulator answered {asked})")
+
+
+def service_stream(env: Mapping[str, str]) -> tuple[Any, str]:
+    """The database and change stream a service's environment names, on a fresh client (none
+    of the product's sessions, channels or threads)."""
+    client = spanner.Client(project=env.get("SPANNER_PROJECT", "local-project"))
+    instance = client.instance(env.get("SPANNER_INSTANCE", "local-instance"))
+    stream = env.get("SPANNER_CHANGE_STREAM", "all_changes")
+    return instance.database(env["SPANNER_DATABASE"]), stream
 
 
 def workload_failure(database: Any, error: Exception) -> AssertionError:
