@@ -50,6 +50,9 @@ from pipeline.state.variables import (
     row_variable,
 )
 from pipeline.values import mirror_value, spark_value, state_from_seed, state_value
+from pipeline.worker_output import install
+
+install()  # in a Python worker: unpickling the processor imports this before any output
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 """Spark's local property naming the micro-batch a task runs (its Python workers see it too).
