@@ -28,6 +28,10 @@ BATCH_BYTES = 4 << 20
 """About how many bytes of rows a batch holds before it is written (rows of a few MiB each go
 one or two to a batch, small rows up to ``BATCH_ROWS``)."""
 BATCH_ROWS = 1024
+"""At most this many rows a batch, whatever their size: a tenth of what Spark's own input
+batches to the worker may hold (``spark.sql.execution.arrow.transformWithStateInPySpark.
+maxRecordsPerBatch``, 10,000), so a run of large rows after small ones costs no more memory than
+the input already may."""
 REPLACED = "TransformWithStateInPySparkRowSerializer.dump_stream"
 
 
