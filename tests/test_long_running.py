@@ -114,7 +114,9 @@ def _mirror_columns(uri: str) -> list[str]:
 
 def _quiesced(changelog: Path, root: Path, last_commit: dt.datetime, *processes: Any) -> str:
     """Once the change log holds the last write and the pipeline has read it: the last write's
-    commit timestamp, as text."""
+    commit timestamp, the change-log version holding it and the mirrors' cut that passed it, as
+    text (a failed comparison then says what the wait saw: emulator/NOTES.md, "A mirror one
+    transaction short at W")."""
     text = last_commit.astimezone(dt.UTC).isoformat()
     target = int(last_commit.timestamp()) * 10**9 + last_commit.microsecond * 1000
 
@@ -126,9 +128,12 @@ def _quiesced(changelog: Path, root: Path, last_commit: dt.datetime, *processes:
     holding = version_holding(str(changelog), to_rfc3339(target))
     assert holding is not None
 
+    seen: list[cut.Cut] = []
+
     def mirrored() -> bool:
         recorded = cut.read(str(root / "mirrors"))
+        seen[:] = [recorded] if recorded is not None else []
         return recorded is not None and recorded.starting_version > holding
 
     wait_until(mirrored, 300, "the pipeline never read the last write", *processes)
-    return text
+    return f"{text}, in change-log version {holding}, passed by the mirrors' cut {seen[0]}"
