@@ -134,7 +134,7 @@ def _history_tables(
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    landed = [b for b in batch_log.read(mirror_root) if b.consistent and b.watermark_text]
+    landed = batch_log.consistent(mirror_root)
     if not landed:
         raise NotAvailableAsOf("no consistent batch has landed yet: the histories hold no time")
     newest = landed[-1]
@@ -171,7 +171,8 @@ def _batch_at(
     mirror_root: str, at: str, tables: Iterable[str] | None
 ) -> tuple[AppliedBatch, dict[str, int]]:
     """The newest consistent batch whose W ≤ ``at``, and each mirror's version it left: the
-    one its newest batch up to it recorded (a batch records the mirrors it changed)."""
+    newest one the batches up to it recorded (a batch records the mirrors it changed; batches
+    that end at one change-log version are in no order of their own)."""
     landed = batch_log.read(mirror_root)
     chosen = None
     for position, batch in enumerate(landed):
@@ -185,7 +186,8 @@ def _batch_at(
         )
     versions: dict[str, int] = {}
     for batch in landed[: chosen + 1]:
-        versions.update(batch.mirror_versions)
+        for table, version in batch.mirror_versions.items():
+            versions[table] = max(version, versions.get(table, version))
     if tables is not None:
         wanted = set(tables)
         unknown = wanted - set(versions)

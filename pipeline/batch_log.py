@@ -111,8 +111,10 @@ def _compact(uri: str) -> None:
 
 
 def read(mirror_root: str) -> list[AppliedBatch]:
-    """Every batch recorded, oldest first (a rebased generation numbers its batches from 0
-    again)."""
+    """Every batch recorded, oldest first: by the change-log version each applied whole, which
+    never goes back within one batch log (a rebased generation starts at the mirrors' cut),
+    then by generation and batch. Not by generation first: a rebase after the checkpoint was
+    lost numbers its generation from 1 again, below the generations it follows."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -123,7 +125,16 @@ def read(mirror_root: str) -> list[AppliedBatch]:
         return []
     rows = table.to_pyarrow_dataset().to_table(use_threads=False).to_pylist()
     applied = [_from_row(row) for row in rows]
-    return sorted(applied, key=lambda b: (b.generation, b.batch_id))
+    return sorted(applied, key=_landing_order)
+
+
+def consistent(mirror_root: str) -> list[AppliedBatch]:
+    """The batches after which the mirrors equal Spanner at their W, oldest first."""
+    return [b for b in read(mirror_root) if b.consistent and b.watermark_text]
+
+
+def _landing_order(batch: AppliedBatch) -> tuple[int, str, int, int]:
+    return (batch.changelog_version, batch.watermark_text or "", batch.generation, batch.batch_id)
 
 
 def _from_row(row: Mapping[str, object]) -> AppliedBatch:

@@ -143,7 +143,7 @@ def assert_reads_as_of_equal_spanner(
     they name."""
     mirror_root = str(root / "mirrors")
     histories = Histories(str(root / "history"), frozenset({"*"}))
-    landed = [b for b in batch_log.read(mirror_root) if b.consistent and b.watermark_text]
+    landed = batch_log.consistent(mirror_root)
     assert landed, f"{context}: no consistent batch recorded"
     first = parse_rfc3339(commit_times(changelog)[0])
     last = parse_rfc3339(str(landed[-1].watermark_text))
