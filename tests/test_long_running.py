@@ -19,7 +19,8 @@ from google.cloud import spanner
 
 from emulator.verify import changelog_watermark
 from emulator.workload import NEW_COLUMN_KINDS
-from ingest.model.timestamps import to_rfc3339
+from ingest.model.timestamps import parse_rfc3339, to_rfc3339
+from pipeline import batch_log
 from pipeline.catalog import version_holding
 from pipeline.columns import mirror_uri
 from pipeline.state import cut
@@ -113,10 +114,12 @@ def _mirror_columns(uri: str) -> list[str]:
 
 
 def _quiesced(changelog: Path, root: Path, last_commit: dt.datetime, *processes: Any) -> str:
-    """Once the change log holds the last write and the pipeline has read it: the last write's
-    commit timestamp, the change-log version holding it and the mirrors' cut that passed it, as
-    text (a failed comparison then says what the wait saw: emulator/NOTES.md, "A mirror one
-    transaction short at W")."""
+    """Once the change log holds the last write and the mirrors' batch log says they equal
+    Spanner at a W at or past it: the last write's commit timestamp, the change-log version
+    holding it, the mirrors' cut and their W, as text for a failed comparison. The wait reads
+    the product's own record of where the mirrors stand (``pipeline.batch_log``), not only a
+    version computed from the change log: a wait on the cut alone let a comparison through one
+    batch early (emulator/NOTES.md, "A mirror one transaction short at W")."""
     text = last_commit.astimezone(dt.UTC).isoformat()
     target = int(last_commit.timestamp()) * 10**9 + last_commit.microsecond * 1000
 
@@ -127,13 +130,22 @@ def _quiesced(changelog: Path, root: Path, last_commit: dt.datetime, *processes:
     wait_until(landed, 180, "the change log never passed the writes", *processes)
     holding = version_holding(str(changelog), to_rfc3339(target))
     assert holding is not None
-
-    seen: list[cut.Cut] = []
+    seen: list[tuple[cut.Cut, batch_log.AppliedBatch]] = []
 
     def mirrored() -> bool:
+        """The cut first: read every poll, it costs nothing, where the batch log's many small
+        files cost a tenth of a CPU-second and more."""
         recorded = cut.read(str(root / "mirrors"))
-        seen[:] = [recorded] if recorded is not None else []
-        return recorded is not None and recorded.starting_version > holding
+        if recorded is None or recorded.starting_version <= holding:
+            return False
+        newest = batch_log.consistent(str(root / "mirrors"))[-1:]
+        seen[:] = [(recorded, b) for b in newest]
+        return bool(seen) and parse_rfc3339(str(seen[0][1].watermark_text)) >= target
 
     wait_until(mirrored, 300, "the pipeline never read the last write", *processes)
-    return f"{text}, in change-log version {holding}, passed by the mirrors' cut {seen[0]}"
+    passed, at = seen[0]
+    return (
+        f"{text}, in change-log version {holding}; the mirrors at W {at.watermark_text} "
+        f"(generation {at.generation}, batch {at.batch_id}, change-log version "
+        f"{at.changelog_version}), their cut {passed}"
+    )
