@@ -28,7 +28,7 @@ from emulator.verify import changelog_watermark
 from emulator.workload import load_existing_rows
 from tests.checks import assert_mirrors_equal, compare_at_watermark, crash_seed
 from tests.compose import services, start_order
-from tests.containers import IMAGE, Container, not_json, status
+from tests.containers import IMAGE, Container, not_json, status, wait_for_image_build
 from tests.delta_checks import assert_change_log_invariants
 from tests.processes import background_workload, wait_until, wait_until_landed
 
@@ -50,6 +50,7 @@ def containers(tmp_path: Path) -> Iterator[Callable[..., Container]]:
     volume = tmp_path / "data"
     volume.mkdir()
     volume.chmod(0o777)  # the image's user (uid 10001) writes the tables there
+    wait_for_image_build()
     if subprocess.run(["buildah", "inspect", IMAGE], capture_output=True).returncode != 0:
         pytest.fail(f"no image {IMAGE}: `make image` builds it (make test does)")
     yield make

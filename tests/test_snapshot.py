@@ -1,5 +1,6 @@
-"""The initial snapshot on the real emulator: a database that already holds rows is mirrored from
-one consistent timestamp T0, then from the stream after it, through kill -9 of the ingest service.
+"""The initial snapshot on the real emulator: a database that already holds rows lands in the
+change log from one consistent timestamp T0, then from the stream after it, through kill -9 of the
+ingest service.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from ingest.model.snapshot import SnapshotProgress
 from ingest.model.timestamps import NANOS_PER_SECOND, from_datetime, to_rfc3339
 from ingest.rules.snapshot_parts import key_ranges
 from ingest.snapshot.reader import read_table, sample_keys
-from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark, crash_seed
+from tests.checks import apply_ddl, crash_seed
 from tests.delta_checks import assert_change_log_invariants
-from tests.processes import Pipeline, Service, background_workload, wait_until_landed
+from tests.processes import Service, background_workload, wait_until_landed
 
 KEYS = {
     "accounts": ["account_id"],
@@ -90,7 +91,7 @@ def stop_once_landed(
 
 
 @pytest.mark.emulator
-def test_an_existing_database_is_mirrored_from_one_timestamp_through_kill_9(
+def test_an_existing_database_lands_once_from_one_timestamp_through_kill_9(
     new_database, tmp_path: Path
 ) -> None:
     seed, rng = crash_seed()
@@ -147,13 +148,11 @@ def test_an_existing_database_is_mirrored_from_one_timestamp_through_kill_9(
         )
     assert len(rows) >= 100_000
     # Every transaction after T0 once, none at or before it, all after every snapshot row.
+    # The mirrors of these 100,000 rows are checked against Spanner by the Spark source's
+    # standalone-cluster test (same rows, same reader, same pipeline) and the service's snapshot
+    # through the mirrors by tests/test_make_run.py and tests/test_image.py: mirroring them here
+    # again cost about 100 CPU-s of the suite (bench/RESULTS.md, "The suite").
     assert_change_log_invariants(changelog, expected)
-
-    pipeline = Pipeline(changelog, tmp_path, tmp_path / "pipeline.log")
-    catch_up = pipeline.start("--trigger", "available-now")
-    assert catch_up.wait(timeout=600) == 0, pipeline.log.read_text()[-3000:]
-    _, comparisons = compare_at_watermark(database, str(changelog), str(tmp_path / "mirrors"))
-    assert_mirrors_equal(comparisons, f"seed {seed}")
 
 
 def run_to_exit(service: Service, timeout: float = 180) -> tuple[int, str]:
