@@ -60,9 +60,9 @@ image: test-base
 		--build-arg PYTHON_IMAGE=$(TEST_BASE) \
 		-t $(IMAGE) .
 
-# What the suite needs, made side by side: the checks and the jars wait for the venv; MinIO and
-# the image wait for nothing of these (the image builds its own venv and jars).
-test-prerequisites: lint jars object-stores image
+# What the tests need before they start, made side by side: the checks and the jars wait for the
+# venv; MinIO waits for nothing of these. The image is built beside the tests (below).
+test-prerequisites: lint jars object-stores
 
 # `make test` builds the image beside the tests rather than before them: on a new machine the
 # image takes minutes (debootstrap, then the image's apt, pip and Maven) that the tests it does
@@ -73,7 +73,7 @@ test:
 	rm -rf $(IMAGE_BUILD) && mkdir -p $(IMAGE_BUILD)
 	( $(MAKE) image > $(IMAGE_BUILD)/log 2>&1; echo $$? > $(IMAGE_BUILD)/status ) & \
 	echo $$! > $(IMAGE_BUILD)/pid; \
-	$(MAKE) -j4 --output-sync=target lint jars object-stores \
+	$(MAKE) -j4 --output-sync=target test-prerequisites \
 	&& $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15; \
 	status=$$?; wait; exit $$status
 
