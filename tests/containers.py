@@ -35,12 +35,15 @@ def wait_for_image_build(still_s: float = 300) -> None:
         now = (log.stat().st_size if log.exists() else 0, _tree_cpu_s(pid))
         if now != seen:
             seen, moved = now, time.monotonic()
-        tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-        assert time.monotonic() - moved < still_s, f"the image build stood still:\n{tail}"
+        if time.monotonic() - moved >= still_s:
+            raise AssertionError(f"the image build stood still:\n{_tail(log)}")
         time.sleep(2)
-    tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
     code = status_file.read_text().strip() if status_file.exists() else "none (it was killed)"
-    assert code == "0", f"the image build ended with status {code}:\n{tail}"
+    assert code == "0", f"the image build ended with status {code}:\n{_tail(log)}"
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-3000:] if log.exists() else ""
 
 
 def _alive(pid: int) -> bool:
