@@ -31,9 +31,8 @@ pytest_plugins = ["tests.pipeline_runs"]
 """The ``spark`` fixture of the pipeline tests (a module that defines its own keeps it)."""
 
 LONGEST_FIRST = (
-    "test_snapshot.py",
-    "test_spark_cluster.py",
     "test_spark_source.py",
+    "test_snapshot.py",
     "test_object_store_end_to_end.py",
     "test_source_changes.py",
     "test_image.py",  # not first: ``make test`` builds the image beside the first tests

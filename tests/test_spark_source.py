@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import signal
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -62,8 +64,9 @@ def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
     over 3 tables read in key ranges by the executors, its driver killed -9 mid-snapshot and
     restarted: no range done at the kill is read again (counted), every row at T0 lands once.
     Then kill -9 of an executor while batches run, then of the driver (its JVM with it),
-    restarts; every committed transaction once, whole, in order, and the pipeline's mirrors
-    equal Spanner at the change log's W."""
+    restarts; every committed transaction once, whole, in order. Then the pipeline on the same
+    cluster (its processor, RocksDB state and MERGE in the executors) loses a worker to kill -9
+    mid-batch; its mirrors equal Spanner at the change log's W."""
     seed, rng = crash_seed()
     database = new_database("googlesql", accounts=40_000)
     # all_types rows cost the pipeline most (every type): few of them, the 100,000 kept
@@ -84,8 +87,15 @@ def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
         INGEST_SPARK_SNAPSHOT_TASK_MB="1",  # a range's progress committed every MiB or so
         INGEST_HEALTH_PORT=str(metrics_port),
     )
+    pipeline_metrics_port = free_port()
     pipeline = Pipeline(
-        table, tmp_path, tmp_path / "pipeline.log", PIPELINE_TRIGGER="available-now"
+        table,
+        tmp_path,
+        tmp_path / "pipeline.log",
+        PIPELINE_TRIGGER="available-now",
+        PIPELINE_MASTER=cluster.master_url,
+        PIPELINE_METRICS_PORT=str(pipeline_metrics_port),
+        SPARK_LOCAL_IP="127.0.0.1",
     )
     cluster.start(workers=2)
     workload, stop_workload, committed = background_workload(database, 600, 10, seed)
@@ -152,6 +162,7 @@ def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
         driver.send_signal(signal.SIGTERM)
         assert driver.wait(timeout=90) == 0
         running = pipeline.start()
+        _lose_a_worker_mid_batch(cluster, pipeline, running, pipeline_metrics_port, rng)
         assert running.wait(timeout=600) == 0, pipeline.log.read_text()[-3000:]
     finally:
         stop_workload.set()
@@ -171,6 +182,34 @@ def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
     batches = [e for e in source.events() if e["event"] == "spark_batch"]
     assert any(b["partitions"] > 2 for b in batches), "no task followed a partition's child"
     assert len(after_t0) >= 100 and all(c.mirror_rows > 0 for c in comparisons), comparisons
+
+
+def _lose_a_worker_mid_batch(
+    cluster: StandaloneCluster,
+    pipeline: Pipeline,
+    running: subprocess.Popen[bytes],
+    metrics_port: int,
+    rng: random.Random,
+) -> None:
+    """kill -9 of a worker running an executor of the pipeline while a batch runs, and a new
+    worker in its place; the batch in progress must land (with rows) all the same."""
+    scrape_until(
+        metrics_port,
+        lambda s: (value(s, "pipeline_batch_running_seconds") or 0) > 0,
+        timeout=400,
+    )
+    landed_before = pipeline.count("pipeline_batch")
+    workers = [w for w in cluster.processes[1:] if cluster.executor_pids(w)]
+    assert workers, "no executor of the pipeline on the cluster"
+    known = cluster.alive_worker_ids()
+    time.sleep(rng.uniform(0, 2))
+    cluster.kill_worker(rng.choice(workers))
+    cluster.start_worker()
+    cluster.wait_for_a_worker_besides(known)
+    pipeline.wait_for("pipeline_batch", landed_before + 1, timeout=400, process=running)
+    killed = [e for e in pipeline.events() if e["event"] == "pipeline_batch"][landed_before]
+    assert killed["rows"], "the batch in progress carried no rows"
+    assert "Lost executor" in pipeline.log.read_text(errors="replace")
 
 
 class CrashingLanding:
