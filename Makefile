@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TEST_WORKERS ?= 3
 STAMP := $(VENV)/.installed
 
-.PHONY: run-spark venv jars object-stores image test-base test-prerequisites test test-under-load lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency bench-mirror-size bench-width clean
+.PHONY: run-spark venv jars spark-jars class-archive object-stores image test-base test-prerequisites test test-under-load lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency bench-mirror-size bench-width clean
 
 venv: $(STAMP)
 
@@ -18,13 +18,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-jars: .jars/.fetched .jars/s3/.fetched
+jars: spark-jars class-archive
+spark-jars: .jars/.fetched .jars/s3/.fetched
+class-archive: .jars/spark-classes.jsa
 
 # Delta jars for Spark, resolved once from Maven Central so nothing downloads at test or run time.
-# The class archive of Spark's driver is made beside them from the venv's Spark (runtime/jvm.py).
-.jars/.fetched: $(STAMP) pipeline/session.py pipeline/class_archive.py
-	$(PY) -m pipeline.session fetch .jars
+.jars/.fetched: $(STAMP) pipeline/session.py
+	$(PY) -m pipeline.session fetch .jars --no-class-archive
 	touch .jars/.fetched
+
+# The class archive of Spark's driver, made from the venv's Spark and the jars above
+# (runtime/jvm.py): a driver started without it works, with more CPU.
+.jars/spark-classes.jsa: .jars/.fetched pipeline/class_archive.py
+	$(PY) -m pipeline.session fetch .jars --only-class-archive
 
 # S3A's jars into .jars/s3/, side by side with the above (they are not in the class archive).
 .jars/s3/.fetched: $(STAMP) pipeline/session.py
@@ -61,20 +67,28 @@ image: test-base
 		-t $(IMAGE) .
 
 # What the tests need before they start, made side by side: the checks and the jars wait for the
-# venv; MinIO waits for nothing of these. The image is built beside the tests (below).
-test-prerequisites: lint jars object-stores
+# venv; MinIO waits for nothing of these. The image and the class archive are made beside the
+# tests (below).
+test-prerequisites: lint spark-jars object-stores
 
-# `make test` builds the image beside the tests rather than before them: on a new machine the
-# image takes minutes (debootstrap, then the image's apt, pip and Maven) that the tests it does
-# not concern need not wait for. tests/test_image.py waits for it while the build makes progress
-# (IMAGE_BUILD's log, status and pid; tests/containers.py); the suite fails if it failed.
+# `make test` builds the image and Spark's class archive beside the tests rather than before
+# them: on a new machine the image takes minutes (debootstrap, then the image's apt, pip and
+# Maven), and the archive a minute on every clone (a Delta job, then java -Xshare:dump), that the
+# tests they do not concern need not wait for. A test that needs one waits for it while its build
+# makes progress (the folder's log, status and pid; tests/background_builds.py): the image test,
+# and the in-process Spark sessions, whose JVM must map the archive. The suite fails if a build
+# failed.
 IMAGE_BUILD := .image-build
+CLASS_ARCHIVE_BUILD := .class-archive-build
 test:
-	rm -rf $(IMAGE_BUILD) && mkdir -p $(IMAGE_BUILD)
+	rm -rf $(IMAGE_BUILD) $(CLASS_ARCHIVE_BUILD) && mkdir -p $(IMAGE_BUILD) $(CLASS_ARCHIVE_BUILD)
 	( $(MAKE) image > $(IMAGE_BUILD)/log 2>&1; echo $$? > $(IMAGE_BUILD)/status ) & \
 	echo $$! > $(IMAGE_BUILD)/pid; \
 	$(MAKE) -j4 --output-sync=target test-prerequisites \
-	&& $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15; \
+	&& { ( $(MAKE) class-archive > $(CLASS_ARCHIVE_BUILD)/log 2>&1; \
+	       echo $$? > $(CLASS_ARCHIVE_BUILD)/status ) & \
+	     echo $$! > $(CLASS_ARCHIVE_BUILD)/pid; \
+	     $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15; }; \
 	status=$$?; wait; exit $$status
 
 # The suite with one core kept busy by a CPU-bound loop beside it: green on a loaded machine.

@@ -3,7 +3,8 @@
 Java's class data sharing maps an archive of classes instead of loading them from jars, when the
 JVM's class path is the one the archive was made with. So the archive is made from what a driver
 really loads and the class path it really has: a session runs a small Delta job (a write, a
-MERGE, a read, a stream) with ``-XX:DumpLoadedClassList`` and reports its class path and module
+MERGE, a read, a stream, and a stream through ``transformWithState`` with RocksDB state encoded in
+Avro, as the job's is) with ``-XX:DumpLoadedClassList`` and reports its class path and module
 options; then ``java -Xshare:dump`` archives those classes with them. Delta's jars lead the
 driver's class path (``runtime.jvm.driver_java_options``), so their classes are archived too;
 jars a session adds for an object store (S3A's) are loaded by Spark's own class loader and are
@@ -17,7 +18,11 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from runtime.jvm import CLASS_ARCHIVE
 from runtime.storage import JARS_VARIABLE
@@ -25,9 +30,11 @@ from runtime.storage import JARS_VARIABLE
 
 def make_archive(jars: Path) -> Path:
     """The archive for the jars in ``jars`` (an earlier one replaced). In processes of their
-    own: a session's JVM options are fixed when it starts."""
+    own: a session's JVM options are fixed when it starts. Written beside and renamed into
+    place: a driver starting meanwhile finds a whole archive or none."""
     archive = jars / CLASS_ARCHIVE
     archive.unlink(missing_ok=True)
+    partial = archive.with_name(archive.name + ".part")
     with tempfile.TemporaryDirectory(prefix="class-archive-") as work:
         class_list = Path(work) / "classes.lst"
         command = [sys.executable, "-m", "pipeline.class_archive", "load", work, str(class_list)]
@@ -43,14 +50,15 @@ def make_archive(jars: Path) -> Path:
             _java(),
             "-Xshare:dump",
             f"-XX:SharedClassListFile={class_list}",
-            f"-XX:SharedArchiveFile={archive}",
+            f"-XX:SharedArchiveFile={partial}",
             *driver["modules"],
             "-cp",
             driver["classpath"],
         ]
         dumped = subprocess.run(dump, capture_output=True, text=True)
-    if dumped.returncode != 0 or not archive.is_file():
+    if dumped.returncode != 0 or not partial.is_file():
         raise RuntimeError(f"java -Xshare:dump failed: {dumped.stdout[-2000:]}")
+    partial.replace(archive)
     return archive
 
 
@@ -80,11 +88,44 @@ def _load_classes(work: Path, class_list: Path) -> None:
     stream = spark.readStream.format("delta").load(table).writeStream
     query = stream.foreachBatch(lambda frame, _: frame.count()).trigger(availableNow=True)
     query.option("checkpointLocation", str(work / "checkpoint")).start().awaitTermination()
+    _run_stateful(spark, table, work / "stateful-checkpoint")
     jvm = spark._jvm
     arguments = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
     modules = [str(a) for a in arguments if str(a).startswith("--add-modules")]
     print(json.dumps({"classpath": jvm.System.getProperty("java.class.path"), "modules": modules}))
     spark.stop()
+
+
+def _run_stateful(spark: Any, table: str, checkpoint: Path) -> None:
+    """A stream through transformWithState (the session's RocksDB state, Avro-encoded): the
+    classes of the job's stateful operator, its Python runner and Arrow, archived too."""
+    counted = (
+        spark.readStream.format("delta")
+        .load(table)
+        .groupBy("id")
+        .transformWithState(_Counter(), "id long, n long", "Update", "None")
+    )
+    query = counted.writeStream.foreachBatch(lambda frame, _: frame.count())
+    query = query.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
+    query.start().awaitTermination()
+
+
+class _Counter(StatefulProcessor):
+    """Rows seen per key: one variable read and written, as the job's processor does."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.seen = handle.getValueState("seen", "n long")
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        from pyspark.sql import Row
+
+        stored = self.seen.get()
+        seen = (stored[0] if stored else 0) + sum(1 for _ in rows)
+        self.seen.update((seen,))
+        yield Row(id=key[0], n=seen)
+
+    def close(self) -> None:
+        pass
 
 
 if __name__ == "__main__":

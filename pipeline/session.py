@@ -146,7 +146,7 @@ if __name__ == "__main__":
         _resolve_here(sys.argv[3:], Path(sys.argv[2]))
         sys.exit(0)
     if sys.argv[1:2] != ["fetch"]:
-        flags = "[--gcs] [--s3 | --only-s3] [--no-class-archive]"
+        flags = "[--gcs] [--s3 | --only-s3] [--no-class-archive | --only-class-archive]"
         sys.exit(f"usage: python -m pipeline.session fetch [DIR] {flags}")
     arguments = [a for a in sys.argv[2:] if not a.startswith("--")]
     target = (Path(arguments[0]) if arguments else jars_dir()).resolve()
@@ -154,6 +154,11 @@ if __name__ == "__main__":
     if "--only-s3" in sys.argv:  # S3A's jars alone, beside a fetch of the rest (make -j)
         (target / "s3").mkdir(exist_ok=True)
         print(f"{len(fetch_s3_jars(target / 's3'))} jars in {target / 's3'}")
+        sys.exit(0)
+    if "--only-class-archive" in sys.argv:  # the archive of the jars fetched there before
+        from pipeline.class_archive import make_archive
+
+        print(f"class archive {make_archive(target)}")
         sys.exit(0)
     fetched = fetch_jars(target)
     if "--gcs" in sys.argv:

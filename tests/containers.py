@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -18,48 +17,6 @@ from emulator.processes import kill_tree, process_tree
 
 IMAGE = os.environ.get("CDC_TEST_IMAGE", "localhost/spanner-delta-cdc:test")
 """What ``make image`` builds (the Makefile's IMAGE)."""
-IMAGE_BUILD = Path(__file__).resolve().parent.parent / ".image-build"
-"""Where ``make test`` keeps the image build it runs beside the tests: its log, its exit status
-once it ended and the pid of the shell running it (the Makefile's IMAGE_BUILD)."""
-
-
-def wait_for_image_build(still_s: float = 300) -> None:
-    """Wait for ``make test``'s image build while it moves (its log grows or its processes
-    spend CPU); fail with its log's end when it failed or stood still for ``still_s``. Without
-    such a build (pytest run by hand) there is nothing to wait for."""
-    pid_file, status_file, log = (IMAGE_BUILD / n for n in ("pid", "status", "log"))
-    if not pid_file.exists():
-        return
-    pid, seen, moved = int(pid_file.read_text()), (-1, -1.0), time.monotonic()
-    while not status_file.exists() and _alive(pid):
-        now = (log.stat().st_size if log.exists() else 0, _tree_cpu_s(pid))
-        if now != seen:
-            seen, moved = now, time.monotonic()
-        if time.monotonic() - moved >= still_s:
-            raise AssertionError(f"the image build stood still:\n{_tail(log)}")
-        time.sleep(2)
-    code = status_file.read_text().strip() if status_file.exists() else "none (it was killed)"
-    assert code == "0", f"the image build ended with status {code}:\n{_tail(log)}"
-
-
-def _tail(log: Path) -> str:
-    return log.read_text(errors="replace")[-3000:] if log.exists() else ""
-
-
-def _alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists()
-
-
-def _tree_cpu_s(pid: int) -> float:
-    """CPU ticks of a process tree, its ended children's included (counted in their parents)."""
-    ticks = 0
-    for member in process_tree(pid):
-        try:
-            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ticks += sum(int(f) for f in fields[11:15])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)

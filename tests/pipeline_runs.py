@@ -16,12 +16,20 @@ from pipeline.config import PipelineConfig
 from pipeline.job import run_pipeline, spark_settings
 from pipeline.session import build_session
 from runtime.logs import null_logger
+from tests.background_builds import CLASS_ARCHIVE_BUILD, wait_for_build
 from tests.builders import ChangeLog
+
+
+def build_test_session(app_name: str, **options: Any) -> Any:
+    """An in-process session, once the class archive ``make test`` makes beside the tests is
+    there: a process's one JVM keeps the options it started with, the archive among them."""
+    wait_for_build(CLASS_ARCHIVE_BUILD)
+    return build_session(app_name, **options)
 
 
 @pytest.fixture(scope="module")
 def spark():
-    session = build_session(
+    session = build_test_session(
         "pipeline-tests", extra=spark_settings(PipelineConfig()), shuffle_partitions=2
     )
     yield session

@@ -26,9 +26,10 @@ from emulator.processes import kill_tree
 from emulator.server import free_port
 from emulator.verify import changelog_watermark
 from emulator.workload import load_existing_rows
+from tests.background_builds import IMAGE_BUILD, wait_for_build
 from tests.checks import assert_mirrors_equal, compare_at_watermark, crash_seed
 from tests.compose import services, start_order
-from tests.containers import IMAGE, Container, not_json, status, wait_for_image_build
+from tests.containers import IMAGE, Container, not_json, status
 from tests.delta_checks import assert_change_log_invariants
 from tests.processes import background_workload, wait_until, wait_until_landed
 
@@ -50,7 +51,7 @@ def containers(tmp_path: Path) -> Iterator[Callable[..., Container]]:
     volume = tmp_path / "data"
     volume.mkdir()
     volume.chmod(0o777)  # the image's user (uid 10001) writes the tables there
-    wait_for_image_build()
+    wait_for_build(IMAGE_BUILD)
     if subprocess.run(["buildah", "inspect", IMAGE], capture_output=True).returncode != 0:
         pytest.fail(f"no image {IMAGE}: `make image` builds it (make test does)")
     yield make

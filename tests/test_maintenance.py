@@ -20,8 +20,8 @@ from deltalake import DeltaTable
 from emulator.verify import landed_transactions
 from pipeline.columns import mirror_uri
 from pipeline.foreign_commits import TABLE_CHANGED_BEHIND_JOB
-from pipeline.session import build_session
 from tests.checks import accounts_written_after_start, assert_mirrors_equal, compare_at_watermark
+from tests.pipeline_runs import build_test_session
 from tests.processes import BANKING, Pipeline, Service, background_workload, wait_until
 
 SEED = 41
@@ -49,7 +49,7 @@ def test_maintenance_from_spark_and_delta_rs_while_the_job_runs_and_a_restore_re
     try:
         pipeline.wait_for("pipeline_batch", 1, timeout=300, process=job)
         workload, stop, committed = background_workload(database, 900, 5, SEED, **BANKING)
-        spark = build_session("maintenance", shuffle_partitions=2)
+        spark = build_test_session("maintenance", shuffle_partitions=2)
         spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
         # A platform's maintenance job sized for small tables on two cores: VACUUM lists files
         # in 10,000 tasks by default, which took a minute of CPU here.

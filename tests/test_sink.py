@@ -89,9 +89,9 @@ def test_maintenance_never_changes_what_was_landed(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def spark():
-    from pipeline.session import build_session
+    from tests.pipeline_runs import build_test_session
 
-    session = build_session("sink-test", shuffle_partitions=2)
+    session = build_test_session("sink-test", shuffle_partitions=2)
     yield session
     session.stop()
 

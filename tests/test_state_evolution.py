@@ -11,9 +11,9 @@ from pyspark.sql import Row
 from pyspark.sql import types as T
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
-from pipeline.session import build_session
 from pipeline.state.compatibility import check_evolution
 from pipeline.state.registry import Deployment
+from tests.pipeline_runs import build_test_session
 
 
 def struct(**fields: T.DataType) -> T.StructType:
@@ -98,7 +98,7 @@ class Reader(StatefulProcessor):
 
 @pytest.fixture(scope="module")
 def spark():
-    session = build_session("state-evolution", shuffle_partitions=2)
+    session = build_test_session("state-evolution", shuffle_partitions=2)
     yield session
     session.stop()
 
