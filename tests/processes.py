@@ -70,6 +70,12 @@ class Service(Process):
         return any(process.poll() is None for process in self.started)
 
 
+def service_in(folder: Path, database_id: str, start: int | None, **env: str) -> Service:
+    """The service of a test's folder: its change log in ``folder/changelog``, its log in
+    ``folder/ingest.log``."""
+    return Service(database_id, folder / "changelog", folder / "ingest.log", start, **env)
+
+
 class SparkSource(Service):
     """``python -m ingest spark-run`` for one job on ``master``, with the service's test
     settings and short batches."""

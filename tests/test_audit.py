@@ -23,7 +23,7 @@ from ingest.model.timestamps import to_rfc3339
 from ingest.service.audit import Difference, Digests, compare
 from tests.builders import ChangeLog
 from tests.checks import start_after_setup
-from tests.processes import Service, background_workload, wait_until_landed
+from tests.processes import background_workload, service_in, wait_until_landed
 
 
 def test_missing_extra_and_altered_rows_are_named_and_equal_windows_agree(tmp_path: Path) -> None:
@@ -60,7 +60,7 @@ def test_audit_agrees_with_the_service_and_names_what_a_damaged_copy_lost(
 ) -> None:
     database = new_database("googlesql")
     table = tmp_path / "changelog"
-    service = Service(database.database_id, table, tmp_path / "ingest.log", start_after_setup())
+    service = service_in(tmp_path, database.database_id, start_after_setup())
     process = service.start()
     try:
         thread, _, committed = background_workload(database, seconds=6, rate=10, seed=3)

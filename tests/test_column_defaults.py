@@ -34,7 +34,7 @@ from pipeline.history import Histories
 from pipeline.user_processors import Change, ChangeProcessor, State
 from pipeline.user_processors.outputs import output_uri
 from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
-from tests.processes import Pipeline, Service, wait_until
+from tests.processes import Pipeline, Service, service_in, wait_until
 
 pytestmark = pytest.mark.emulator
 
@@ -157,10 +157,9 @@ def test_added_columns_reach_mirrors_histories_and_the_feed_on_a_default_stream(
         f"CREATE CHANGE STREAM {STREAM} FOR ALL",
     )
     changelog = tmp_path / "changelog"
-    service = Service(
+    service = service_in(
+        tmp_path,
         database.database_id,
-        changelog,
-        tmp_path / "ingest.log",
         start=None,
         SPANNER_CHANGE_STREAM=STREAM,
         INGEST_HEARTBEAT_MS="1000",

@@ -26,8 +26,8 @@ from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
 from tests.checks import crash_seed
 from tests.delta_checks import assert_change_log_invariants
 from tests.processes import (
-    Service,
     background_workload,
+    service_in,
     wait_until_committed,
     wait_until_landed,
 )
@@ -78,10 +78,9 @@ def test_a_new_job_killed_before_its_first_commit_loses_nothing(
     table = tmp_path / "changelog"
     # A flush latency and checkpoint interval longer than the tests' usual ones leave a new job
     # a window of seconds between its start commit and its first data commit.
-    service = Service(
+    service = service_in(
+        tmp_path,
         database.database_id,
-        table,
-        tmp_path / "ingest.log",
         None,
         INGEST_FLUSH_LATENCY_MS="1500",
         INGEST_CHECKPOINT_INTERVAL_S="2",

@@ -46,7 +46,7 @@ from tests.checks import (
     compare_at_watermark,
     crash_seed,
 )
-from tests.processes import Pipeline, Service, background_workload, wait_until_landed
+from tests.processes import Pipeline, background_workload, service_in, wait_until_landed
 from tests.scrapes import Samples, check_ingest, check_pipeline, scrape, scrape_until, value
 
 ALL_KINDS = dict(transfer_weight=0.6, all_types_weight=0.3, cleanup_weight=0.1)
@@ -122,10 +122,9 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
     database, start = accounts_written_after_start(new_database)
     changelog = tmp_path / "changelog"
     ingest_port, pipeline_port = free_port(), free_port()
-    ingest = Service(
+    ingest = service_in(
+        tmp_path,
         database.database_id,
-        changelog,
-        tmp_path / "ingest.log",
         start,
         INGEST_HEALTH_PORT=str(ingest_port),
     )

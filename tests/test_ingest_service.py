@@ -17,7 +17,7 @@ from emulator.server import free_port
 from ingest.service.health import HealthServer, token_file
 from tests.checks import crash_seed, start_after_setup
 from tests.delta_checks import assert_change_log_invariants, read_versions
-from tests.processes import Service, background_workload, wait_until_landed
+from tests.processes import Service, background_workload, service_in, wait_until_landed
 from tests.scrapes import check_ingest, scrape, value
 
 
@@ -26,7 +26,7 @@ def test_kill_9_at_random_moments_keeps_every_invariant(new_database, tmp_path: 
     seed, rng = crash_seed()
     database = new_database("googlesql")
     table = tmp_path / "changelog"
-    service = Service(database.database_id, table, tmp_path / "ingest.log", start_after_setup())
+    service = service_in(tmp_path, database.database_id, start_after_setup())
     thread, _, committed = background_workload(database, seconds=35, rate=30, seed=seed)
     kills = 0
     while kills < 10 or thread.is_alive():
@@ -142,10 +142,9 @@ def test_sigterm_under_load_exits_cleanly_and_restart_loses_nothing(
     database = new_database("googlesql")
     table = tmp_path / "changelog"
     port = free_port()
-    service = Service(
+    service = service_in(
+        tmp_path,
         database.database_id,
-        table,
-        tmp_path / "ingest.log",
         start_after_setup(),
         INGEST_HEALTH_PORT=str(port),
     )
@@ -306,7 +305,7 @@ def test_a_start_before_the_change_stream_existed_is_refused_before_anything_lan
     before_the_stream = time.time_ns()
     database = new_database("googlesql", accounts=0)
     table = tmp_path / "changelog"
-    service = Service(database.database_id, table, tmp_path / "ingest.log", before_the_stream)
+    service = service_in(tmp_path, database.database_id, before_the_stream)
     result = subprocess.run(
         service.command(), env=service.env, capture_output=True, text=True, timeout=60
     )
@@ -327,10 +326,9 @@ def test_connections_cut_at_random_lose_and_duplicate_nothing(
     database = new_database("googlesql")
     table = tmp_path / "changelog"
     with chaos_proxy(spanner_emulator, cut_every=(0.5, 2.0), seed=3) as proxy:
-        service = Service(
+        service = service_in(
+            tmp_path,
             database.database_id,
-            table,
-            tmp_path / "ingest.log",
             start_after_setup(),
             SPANNER_EMULATOR_HOST=proxy.address,
         )

@@ -25,7 +25,7 @@ from pipeline.catalog import version_holding
 from pipeline.columns import mirror_uri
 from pipeline.state import cut
 from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
-from tests.processes import Pipeline, Service, wait_until
+from tests.processes import Pipeline, service_in, wait_until
 
 COLUMNS = 40
 
@@ -39,7 +39,7 @@ def test_forty_new_columns_while_running_rebase_and_never_stop_the_job(
     with database.batch() as batch:
         batch.insert("wide", ["id", "c0"], [(0, 0)])
     changelog = tmp_path / "changelog"
-    service = Service(database.database_id, changelog, tmp_path / "ingest.log", None)
+    service = service_in(tmp_path, database.database_id, None)
     pipeline = Pipeline(
         changelog,
         tmp_path,

@@ -22,7 +22,7 @@ from pipeline.columns import mirror_uri
 from pipeline.foreign_commits import TABLE_CHANGED_BEHIND_JOB
 from tests.checks import accounts_written_after_start, assert_mirrors_equal, compare_at_watermark
 from tests.pipeline_runs import build_test_session
-from tests.processes import BANKING, Pipeline, Service, background_workload, wait_until
+from tests.processes import BANKING, Pipeline, background_workload, service_in, wait_until
 
 SEED = 41
 
@@ -36,7 +36,7 @@ def test_maintenance_from_spark_and_delta_rs_while_the_job_runs_and_a_restore_re
     mirrors = str(tmp_path / "mirrors")
     accounts, transfers = mirror_uri(mirrors, "accounts"), mirror_uri(mirrors, "transfers")
     history = str(tmp_path / "history" / "accounts")
-    service = Service(database.database_id, changelog, tmp_path / "ingest.log", start)
+    service = service_in(tmp_path, database.database_id, start)
     pipeline = Pipeline(
         changelog,
         tmp_path,

@@ -26,7 +26,7 @@ from ingest.model.resume import ResumablePartitions, ResumePoint
 from ingest.model.timestamps import from_datetime, to_rfc3339
 from tests.builders import record
 from tests.delta_checks import late_landings
-from tests.processes import Service, wait_until
+from tests.processes import service_in, wait_until
 
 T = 1_764_000_000_000_000_000
 
@@ -82,7 +82,7 @@ def test_a_failed_test_s_audit_names_a_lost_transaction_and_who_lost_it(
     and a log without the record lines tells neither."""
     database = new_database("googlesql", accounts=0)
     changelog = tmp_path / "changelog"
-    service = Service(database.database_id, changelog, tmp_path / "ingest.log", None)
+    service = service_in(tmp_path, database.database_id, None)
     process = service.start()
     try:
         service.wait_for("ingest_started", 1, timeout=120, process=process)

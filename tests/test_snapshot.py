@@ -6,13 +6,16 @@ ingest service.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import itertools
 import json
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,7 @@ from ingest.rules.snapshot_parts import key_ranges
 from ingest.snapshot.reader import read_table, sample_keys
 from tests.checks import apply_ddl, crash_seed
 from tests.delta_checks import assert_change_log_invariants
-from tests.processes import Service, background_workload, wait_until_landed
+from tests.processes import Service, background_workload, service_in, wait_until_landed
 
 KEYS = {
     "accounts": ["account_id"],
@@ -99,10 +102,9 @@ def test_an_existing_database_lands_once_from_one_timestamp_through_kill_9(
     # all_types rows cost the pipeline most (every type): few of them, the 100,000 kept
     load_existing_rows(database, accounts=40_000, transfers=55_000, all_types=5_000, seed=seed)
     changelog = tmp_path / "changelog"
-    service = Service(
+    service = service_in(
+        tmp_path,
         database.database_id,
-        changelog,
-        tmp_path / "ingest.log",
         None,
         INGEST_SNAPSHOT_MODE="initial",
         INGEST_SNAPSHOT_CHUNK_ROWS="1000",
@@ -111,7 +113,7 @@ def test_an_existing_database_lands_once_from_one_timestamp_through_kill_9(
     workload, stop_workload, committed = background_workload(database, 600, 20, seed)
     kills_during_snapshot = 0
     process = service.start()
-    try:
+    with killed_on_failure(service, stop_workload, workload):
         while True:
             started = service.count("snapshot_started")
             service.wait_for("snapshot_started", started + 1, timeout=90, process=process)
@@ -127,14 +129,7 @@ def test_an_existing_database_lands_once_from_one_timestamp_through_kill_9(
             if kills_during_snapshot == 6:
                 break
         process = service.start() if process.poll() is not None else process
-        service.wait_for("ingest_started", 1, timeout=300, process=process)
-        service.wait_for("delta_commit", 3, timeout=60, process=process)
-    except BaseException:
-        process.kill()  # no service outlives a failed test
-        raise
-    finally:
-        stop_workload.set()
-        workload.join()
+        wait_until_streaming(service, process, timeout=300)
     read_at, expected = stop_once_landed(process, changelog, committed)
 
     assert kills_during_snapshot >= 5, f"seed {seed}: only {kills_during_snapshot} kills in time"
@@ -155,6 +150,29 @@ def test_an_existing_database_lands_once_from_one_timestamp_through_kill_9(
     assert_change_log_invariants(changelog, expected)
 
 
+@contextlib.contextmanager
+def killed_on_failure(
+    service: Service, stop_workload: threading.Event, workload: threading.Thread
+) -> Iterator[None]:
+    """What the block raises kills the service's processes (no service outlives a failed
+    test); the workload stops either way."""
+    try:
+        yield
+    except BaseException:
+        for process in service.started:
+            process.kill()
+        raise
+    finally:
+        stop_workload.set()
+        workload.join()
+
+
+def wait_until_streaming(service: Service, process: Any, timeout: float) -> None:
+    """Until the service streams after its snapshot: started, and three commits landed."""
+    service.wait_for("ingest_started", 1, timeout=timeout, process=process)
+    service.wait_for("delta_commit", 3, timeout=60, process=process)
+
+
 def run_to_exit(service: Service, timeout: float = 180) -> tuple[int, str]:
     """Start the service, wait for it to exit; its exit code and the log's last lines."""
     process = service.start()
@@ -173,24 +191,16 @@ def test_postgresql_initial_snapshot_meets_the_stream_and_a_subset_stream_reads_
     load_existing_rows(database, accounts=500, transfers=300, all_types=200, seed=7)
     workload, stop_workload, committed = background_workload(database, 600, 10, 7)
     changelog = tmp_path / "changelog"
-    service = Service(
+    service = service_in(
+        tmp_path,
         database.database_id,
-        changelog,
-        tmp_path / "ingest.log",
         None,
         INGEST_SNAPSHOT_MODE="initial",
         INGEST_SNAPSHOT_CHUNK_ROWS="128",
     )
     process = service.start()
-    try:
-        service.wait_for("ingest_started", 1, timeout=120, process=process)
-        service.wait_for("delta_commit", 3, timeout=60, process=process)
-    except BaseException:
-        process.kill()  # no service outlives a failed test
-        raise
-    finally:
-        stop_workload.set()
-        workload.join()
+    with killed_on_failure(service, stop_workload, workload):
+        wait_until_streaming(service, process, timeout=120)
     read_at, expected = stop_once_landed(process, changelog, committed)
     rows = snapshot_rows(changelog)
     for table in KEYS:
@@ -228,10 +238,9 @@ def test_a_snapshot_out_of_the_version_retention_stops_with_one_line_and_lands_n
     database = new_database("googlesql", accounts=10)
     two_hours_ago = time.time_ns() - 2 * 3600 * NANOS_PER_SECOND
     changelog = tmp_path / "changelog"
-    service = Service(
+    service = service_in(
+        tmp_path,
         database.database_id,
-        changelog,
-        tmp_path / "ingest.log",
         two_hours_ago,
         INGEST_SNAPSHOT_MODE="initial",
     )

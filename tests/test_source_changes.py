@@ -16,7 +16,6 @@ import itertools
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from google.cloud.spanner_v1.database import Database
 from pyspark.sql import types as T
 
 from emulator.bootstrap import bootstrap
+from emulator.processes import terminate
 from emulator.verify import changelog_watermark
 from ingest.model.timestamps import from_datetime, to_rfc3339
 from pipeline.catalog import discover_shapes, scan
@@ -137,11 +137,7 @@ def source(
         service.wait_for("ingest_started", 1, timeout=60, process=process)
         yield Source(database, changelog, service, process, folder)
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        finally:
-            process.kill()
+        terminate(process, 20)
 
 
 def mirror(config: PipelineConfig, table: str) -> dict[int, dict[str, Any]]:
@@ -321,11 +317,7 @@ def test_a_drop_under_a_new_values_stream_shows_without_another_write(
             assert time.monotonic() < deadline, "no schema row showed the drop in 60 s"
             time.sleep(0.2)
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        finally:
-            process.kill()
+        terminate(process, 20)
     assert run(spark, following).restarts == 0
     rebuilt = source.rebuilt_equals_following(spark, following, "plans", changelog)
     for config in (following, rebuilt):

@@ -15,7 +15,7 @@ from google.api_core.exceptions import Aborted
 
 from emulator.server import RunningEmulator
 from tests.checks import accounts_written_after_start
-from tests.processes import BANKING, Service, background_workload, wait_until_landed
+from tests.processes import BANKING, background_workload, service_in, wait_until_landed
 from tests.stalls import EmulatorStalled, workload_failure
 
 STALLED_AFTER_S = 10
@@ -27,7 +27,7 @@ def test_a_stopped_product_and_a_stopped_emulator_are_told_apart(
 ) -> None:
     database, start = accounts_written_after_start(new_database)
     table = tmp_path / "changelog"
-    service = Service(database.database_id, table, tmp_path / "ingest.log", start)
+    service = service_in(tmp_path, database.database_id, start)
     process = service.start()
     workload, stop, committed = background_workload(database, 600, 4, 7, **BANKING)
     try:

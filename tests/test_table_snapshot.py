@@ -26,7 +26,7 @@ from ingest.delta.absent_keys import absent_keys
 from ingest.model.encoding import canonical_json
 from ingest.model.timestamps import parse_rfc3339
 from tests.checks import apply_ddl, compare_at_watermark
-from tests.processes import Pipeline, Service, background_workload
+from tests.processes import Pipeline, background_workload, service_in
 
 
 def snapshot_table(port: int, table: str, token_file: Path) -> subprocess.CompletedProcess[str]:
@@ -97,10 +97,9 @@ def test_a_table_snapshotted_on_demand_comes_back_to_spanner_while_writes_go_on(
     port = free_port()
     token = tmp_path / "control-token"
     token.write_text(secrets.token_urlsafe(24) + "\n")
-    service = Service(
+    service = service_in(
+        tmp_path,
         database.database_id,
-        changelog,
-        tmp_path / "ingest.log",
         None,
         SPANNER_CHANGE_STREAM="mirrored",
         INGEST_SNAPSHOT_MODE="initial",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.checks import apply_ddl, compare_at_watermark
-from tests.processes import Pipeline, Service
+from tests.processes import Pipeline, service_in
 
 ROWS = 160
 MIB = 1024 * 1024
@@ -65,10 +65,9 @@ def test_rows_of_1_mib_values_are_snapshotted_and_mirrored_within_a_memory_bound
     database = new_database("googlesql", accounts=10)
     load_documents(database)
     changelog = tmp_path / "changelog"
-    service = Service(
+    service = service_in(
+        tmp_path,
         database.database_id,
-        changelog,
-        tmp_path / "ingest.log",
         None,
         INGEST_SNAPSHOT_MODE="initial_only",
         INGEST_SNAPSHOT_CHUNK_MB=os.environ.get("WIDE_ROWS_CHUNK_MB", "4"),
