@@ -4,9 +4,10 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 # pytest-xdist workers: more than the two cores, to fill the gaps their tests leave while they
-# wait on stream time (heartbeats, workloads at a rate, soaks of a set length). Three instead of
-# two: 3 min 18 s less; three left the cores 13 % idle, four (bench/RESULTS.md, "The suite").
-TEST_WORKERS ?= 4
+# wait on stream time (heartbeats, workloads at a rate). Three instead of two: 3 min 18 s less.
+# Four kept the cores busy but took a minute more than three: a test's running jobs spend CPU
+# for as long as it lasts, and it lasts longer beside three others (bench/RESULTS.md, "The suite").
+TEST_WORKERS ?= 3
 STAMP := $(VENV)/.installed
 
 .PHONY: run-spark venv jars spark-jars class-archive object-stores image test-base test-prerequisites test test-under-load lint run bench-reader bench-ingest bench-pipeline bench-snapshot bench-latency bench-mirror-size bench-width clean
