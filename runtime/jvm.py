@@ -82,8 +82,9 @@ CLASS_ARCHIVE = "spark-classes.jsa"
 """Spark's classes as a job's driver loads them, archived for Java's class data sharing beside the
 product's jars (``python -m pipeline.session fetch`` makes it): a driver maps them instead of
 reading, parsing and verifying some 17,000 classes from jars. A pipeline's start took 14 % less
-CPU and reached its first batch 2.3 s sooner (bench/RESULTS.md, "Spark's classes shared"), and
-about 6 % less again once Delta's classes were in it too."""
+CPU and reached its first batch 2.3 s sooner (bench/RESULTS.md, "Spark's classes shared"),
+about 6 % less again once Delta's classes were in it too, and 3 % less again with the classes of
+the job's stateful operator (``pipeline.class_archive``)."""
 
 
 def driver_java_options(jars: Path) -> dict[str, str]:
