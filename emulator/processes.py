@@ -119,13 +119,13 @@ def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
     return sum(int(value) for value in used) / os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu_seconds(pid: int) -> float:
+def tree_cpu_seconds(pid: int, reaped_children: bool = False) -> float:
     """CPU seconds of a process and its live descendants (the pipeline's JVM and its Python
-    workers), as /proc has them now."""
+    workers), as /proc has them now; with those of the children each has reaped when asked."""
     total = 0.0
     for current in process_tree(pid):
         try:
-            total += cpu_seconds(current)
+            total += cpu_seconds(current, reaped_children)
         except OSError:
             continue
     return total

@@ -4,11 +4,10 @@ ended and the pid of the shell running it. A test that needs one waits for it wh
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
-from emulator.processes import process_tree
+from emulator.processes import tree_cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE_BUILD = ROOT / ".image-build"
@@ -24,7 +23,10 @@ def wait_for_build(folder: Path, still_s: float = 300) -> None:
         return
     pid, seen, moved = int(pid_file.read_text()), (-1, -1.0), time.monotonic()
     while not status_file.exists() and _alive(pid):
-        now = (log.stat().st_size if log.exists() else 0, _tree_cpu_s(pid))
+        now = (
+            log.stat().st_size if log.exists() else 0,
+            tree_cpu_seconds(pid, reaped_children=True),
+        )
         if now != seen:
             seen, moved = now, time.monotonic()
         if time.monotonic() - moved >= still_s:
@@ -40,15 +42,3 @@ def _tail(log: Path) -> str:
 
 def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
-
-
-def _tree_cpu_s(pid: int) -> float:
-    """CPU ticks of a process tree, its ended children's included (counted in their parents)."""
-    ticks = 0
-    for member in process_tree(pid):
-        try:
-            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ticks += sum(int(f) for f in fields[11:15])
-    return ticks / os.sysconf("SC_CLK_TCK")
