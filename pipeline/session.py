@@ -155,22 +155,18 @@ if __name__ == "__main__":
         (target / "s3").mkdir(exist_ok=True)
         print(f"{len(fetch_s3_jars(target / 's3'))} jars in {target / 's3'}")
         sys.exit(0)
-    if "--only-class-archive" in sys.argv:  # the archive of the jars fetched there before
-        from pipeline.class_archive import make_archive
+    if "--only-class-archive" not in sys.argv:  # else the archive of the jars already there
+        fetched = fetch_jars(target)
+        if "--gcs" in sys.argv:
+            from urllib.request import urlretrieve
 
-        print(f"class archive {make_archive(target)}")
-        sys.exit(0)
-    fetched = fetch_jars(target)
-    if "--gcs" in sys.argv:
-        from urllib.request import urlretrieve
-
-        connector = target / GCS_CONNECTOR_URL.rsplit("/", 1)[1]
-        urlretrieve(GCS_CONNECTOR_URL, connector)
-        fetched.append(connector)
-    if "--s3" in sys.argv:
-        (target / "s3").mkdir(exist_ok=True)
-        fetched += fetch_s3_jars(target / "s3")
-    print(f"{len(fetched)} jars in {target}")
+            connector = target / GCS_CONNECTOR_URL.rsplit("/", 1)[1]
+            urlretrieve(GCS_CONNECTOR_URL, connector)
+            fetched.append(connector)
+        if "--s3" in sys.argv:
+            (target / "s3").mkdir(exist_ok=True)
+            fetched += fetch_s3_jars(target / "s3")
+        print(f"{len(fetched)} jars in {target}")
     if "--no-class-archive" not in sys.argv:
         from pipeline.class_archive import make_archive
 
