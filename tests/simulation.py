@@ -79,9 +79,17 @@ def alive(partition: SimPartition, ts: Nanos) -> bool:
 
 
 def build_topology(
-    rng: random.Random, events: int, transactions: int, horizon: int = 400
+    rng: random.Random,
+    events: int,
+    transactions: int,
+    horizon: int = 400,
+    least_initial: int = 1,
 ) -> Topology:
-    """Random splits, moves and merges, then transactions spread over the live partitions."""
+    """Random splits, moves and merges, then transactions spread over the live partitions.
+
+    ``least_initial``: at least this many partitions from the start (the rest of the topology
+    stays what the seed makes), so a test of taking turns has more partitions than turns
+    whatever order the reader's threads run in."""
     counter = iter(range(1_000_000))
     partitions: dict[str, SimPartition] = {}
 
@@ -90,7 +98,7 @@ def build_topology(
         partitions[partition.token] = partition
         return partition
 
-    initial = [new(T0) for _ in range(rng.randint(1, 3))]
+    initial = [new(T0) for _ in range(max(rng.randint(1, 3), least_initial))]
     live = list(initial)
     end = T0 + horizon
     times = sorted(rng.sample(range(T0 + 1, end), events))
