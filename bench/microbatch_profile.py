@@ -10,13 +10,16 @@ Times, from this process's start:
   triggerExecution) and, inside addBatch, ``write_batch`` split into the MERGE (on the driver
   through delta-rs, or through delta-spark with ``--merge spark``) and the rest (the stateful
   step's rows, persisted, counted and collected);
-- the end of the first batch.
+- the end of the first batch;
+- with ``--event-log``, the stateful stage of each later batch from Spark's own event log: its
+  tasks' wall and CPU time, the state stores' commit (RocksDB's flush, checkpoint and sync to the
+  checkpoint location) and the Python workers' time; ``--spark-conf`` adds settings to compare.
 
 Timers wrap ``pipeline.batch_writer.write_batch`` and the two mirror MERGE functions where
 ``pipeline.landing`` calls them; nothing else changes.
 
 Usage: python bench/microbatch_profile.py [--versions 11] [--keys 10000] [--merge driver]
-       [--shuffle-partitions 2] [--class-archive on]
+       [--shuffle-partitions 2] [--class-archive on] [--event-log] [--spark-conf KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import os
 import statistics
 import sys
@@ -108,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         default="on",
         help="off: the driver starts without the jars' class archive (runtime.jvm.CLASS_ARCHIVE)",
     )
+    parser.add_argument(
+        "--event-log", action="store_true", help="print the stateful stage from Spark's event log"
+    )
+    parser.add_argument(
+        "--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="a setting added"
+    )
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="microbatch-profile-"))
     rows = args.versions * args.rows_per_version
@@ -124,7 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     timers.wrap(pipeline.batch_writer, "write_batch", timers.write_batch)
     timers.wrap(pipeline.landing, "merge_on_driver", timers.merge)
     timers.wrap(pipeline.landing, "merge_into_mirror", timers.merge)
-    marks, progress = profile(config, timers, args.class_archive == "off")
+    extra = without_archive(args.class_archive == "off")
+    extra.update(item.split("=", 1) for item in args.spark_conf)
+    if args.event_log:
+        (work / "events").mkdir()
+        extra.update(event_log(work / "events"))
+    marks, progress = profile(config, timers, extra)
     assert len(progress) == args.versions == len(timers.write_batch), (
         len(progress),
         len(timers.write_batch),
@@ -139,11 +154,67 @@ def main(argv: list[str] | None = None) -> int:
     for name, seconds in marks.items():
         print(f"{name}\t{seconds:.1f} s")
     print_phases(progress, timers)
+    if args.event_log:
+        print_stateful_stages(work / "events")
     return 0
 
 
+def event_log(folder: Path) -> dict[str, str]:
+    """Spark's event log, uncompressed, into ``folder``."""
+    return {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": folder.as_uri(),
+        "spark.eventLog.compress": "false",
+    }
+
+
+STAGE_METRICS = (
+    "time to commit changes",
+    "RocksDB: commit - flush time",
+    "RocksDB: commit - checkpoint time",
+    "RocksDB: commit - file sync to external storage time",
+    "RocksDB: commit - changelog commit time",
+    "time to execute Python code",
+)
+"""The stateful stage's metrics printed, each summed over the stage's tasks (one a state store)."""
+
+
+def print_stateful_stages(folder: Path) -> None:
+    """The stateful stage of each batch after the first (the stage with state stores): the
+    medians of its wall time, its tasks' wall and CPU time, and ``STAGE_METRICS``, in ms."""
+    stages: list[dict[str, float]] = []
+    tasks: dict[int, list[dict[str, Any]]] = {}
+    for path in folder.rglob("events_*"):
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            if event["Event"] == "SparkListenerTaskEnd":
+                tasks.setdefault(event["Stage ID"], []).append(event["Task Metrics"])
+            elif event["Event"] == "SparkListenerStageCompleted":
+                stages.append(_stateful_stage(event["Stage Info"]))
+    later = [s for s in stages if s][1:]
+    for stage in later:
+        ran = tasks.get(int(stage.pop("id")), [])
+        stage["tasks' wall time"] = sum(t["Executor Run Time"] for t in ran)
+        stage["tasks' CPU time"] = sum(t["Executor CPU Time"] for t in ran) / 1e6
+    print(f"stateful stage, {len(later)} batches after the first\tmedian ms (summed over tasks)")
+    for name in later[0] if later else ():
+        print(f"  {name}\t{statistics.median(s[name] for s in later):.0f}")
+
+
+def _stateful_stage(info: dict[str, Any]) -> dict[str, float]:
+    """A stage's id, wall time and ``STAGE_METRICS``; empty for a stage without a state store."""
+    metrics = {a.get("Name"): a.get("Value") for a in info.get("Accumulables", [])}
+    if "time to commit changes" not in metrics:
+        return {}
+    return {
+        "id": info["Stage ID"],
+        "stage's wall time": info["Completion Time"] - info["Submission Time"],
+        **{name: float(metrics.get(name) or 0) for name in STAGE_METRICS},
+    }
+
+
 def profile(
-    config: PipelineConfig, timers: Timers, without_class_archive: bool
+    config: PipelineConfig, timers: Timers, extra: dict[str, str]
 ) -> tuple[dict[str, float], list[Any]]:
     """The job's query over the change log, available-now: the marks on the way to its first
     batch (seconds) and the progress of each batch that read rows."""
@@ -153,7 +224,7 @@ def profile(
         "microbatch-profile",
         master="local[2]",
         shuffle_partitions=config.shuffle_partitions,
-        extra={**spark_settings(config), **without_archive(without_class_archive)},
+        extra={**spark_settings(config), **extra},
     )
     spark.sparkContext.setLogLevel("ERROR")
     marks["Spark session"] = time.monotonic() - began
@@ -169,7 +240,9 @@ def profile(
     query.awaitTermination()
     marks["first batch done, from process start"] = timers.ended_at[0]
     marks["first batch done, from start_query"] = timers.ended_at[0] - query_started
-    return marks, [p for p in query.recentProgress if p["numInputRows"] > 0]
+    progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    spark.stop()  # its event log complete
+    return marks, progress
 
 
 def print_phases(progress: list[Any], timers: Timers) -> None:

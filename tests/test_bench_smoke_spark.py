@@ -36,8 +36,9 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         r"^10\t[1-9]\d*\t[\d.]+\t[\d.]+\t[\d.]+\t[\d.]+$",
     ),
     "microbatch_profile.py": (
-        ["--versions", "3", "--keys", "100", "--rows-per-version", "50"],
-        r"^first batch done, from process start\t[\d.]+ s$(.|\n)*^  MERGE\t[\d.]+\t",
+        ["--versions", "3", "--keys", "100", "--rows-per-version", "50", "--event-log"],
+        r"^first batch done, from process start\t[\d.]+ s$(.|\n)*^  MERGE\t[\d.]+\t"
+        r"(.|\n)*^  time to commit changes\t\d+$",
     ),
     "spark_snapshot.py": (
         ["--rows", "25000", "--tasks", "1", "2", "--parts", "4", "--task-mb", "1"],
