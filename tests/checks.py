@@ -188,9 +188,15 @@ def assert_mirrors_hold(comparisons: list[TableComparison], written: Collection[
     assert all(rows.get(table, 0) > 0 for table in written), (written, comparisons)
 
 
+SEED_TRANSACTIONS = 1
+"""What ``accounts_written_after_start`` puts in the change log before any workload: a wait for
+the workload's transactions to land counts these too, or it ends one transaction early."""
+
+
 def accounts_written_after_start(new_database: Any) -> tuple[Any, int]:
-    """A banking database whose 100 accounts are inserted after the returned job start, so the
-    change log carries every row the workload then updates."""
+    """A banking database whose 100 accounts are inserted after the returned job start (in
+    ``SEED_TRANSACTIONS`` transactions), so the change log carries every row the workload then
+    updates."""
     database = new_database("googlesql", accounts=0)
     start = start_after_setup()
     seed_accounts(database, accounts=100, initial_balance=1000)

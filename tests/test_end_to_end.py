@@ -40,6 +40,7 @@ from tests.beyond_mirrors import (
     statuses_as_bytes,
 )
 from tests.checks import (
+    SEED_TRANSACTIONS,
     accounts_written_after_start,
     apply_ddl,
     assert_mirrors_equal,
@@ -171,7 +172,7 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
         workload.join()
         add_column(database, "ALTER TABLE all_types ALTER COLUMN col_string BYTES(MAX)")
         statuses_as_bytes(database)
-        own = 4  # the seed, the two naming transactions, the statuses as bytes
+        own = SEED_TRANSACTIONS + 3  # the two naming transactions, the statuses as bytes
         wait_until_landed(
             changelog, len(committed) + own, timeout=120, service=ingest, committed=committed
         )

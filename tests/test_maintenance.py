@@ -19,7 +19,12 @@ from deltalake import DeltaTable
 
 from pipeline.columns import mirror_uri
 from pipeline.foreign_commits import TABLE_CHANGED_BEHIND_JOB
-from tests.checks import accounts_written_after_start, assert_mirrors_equal, compare_at_watermark
+from tests.checks import (
+    SEED_TRANSACTIONS,
+    accounts_written_after_start,
+    assert_mirrors_equal,
+    compare_at_watermark,
+)
 from tests.pipeline_runs import build_test_session
 from tests.processes import (
     BANKING,
@@ -70,9 +75,10 @@ def test_maintenance_from_spark_and_delta_rs_while_the_job_runs_and_a_restore_re
             next_batch_with_rows()
         stop.set()
         workload.join()
-        # the seed's transaction and the workload's: a drain before the last had landed left it
-        # out of the mirrors, which the comparison at the change log's later W then missed
-        wait_until_landed(changelog, 1 + len(committed), timeout=120, service=service)
+        # the seed's transactions too: a drain before the workload's last had landed left it out
+        # of the mirrors, which the comparison at the change log's later W then missed
+        seeded = SEED_TRANSACTIONS + len(committed)
+        wait_until_landed(changelog, seeded, timeout=120, service=service)
         job.send_signal(signal.SIGUSR1)  # drain: what the change log holds, then exit
         assert job.wait(timeout=300) == 0, pipeline.log.read_text()[-3000:]
         _, comparisons = compare_at_watermark(database, str(changelog), mirrors)
@@ -81,7 +87,7 @@ def test_maintenance_from_spark_and_delta_rs_while_the_job_runs_and_a_restore_re
         older = job_version - 3  # after the VACUUM: its files are all there
         spark.sql(f"RESTORE TABLE delta.`{accounts}` TO VERSION AS OF {older}")
         _transfer(database)
-        wait_until_landed(changelog, 1 + len(committed) + 1, timeout=120, service=service)
+        wait_until_landed(changelog, seeded + 1, timeout=120, service=service)
         refused = pipeline.start("--trigger", "available-now")
         assert refused.wait(timeout=300) != 0
         line = _error_line(pipeline)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.checks import (
+    SEED_TRANSACTIONS,
     accounts_written_after_start,
     assert_mirrors_equal,
     assert_mirrors_hold,
@@ -149,7 +150,7 @@ def test_on_s3_through_faults_kills_and_replicas_started_by_mistake_nothing_is_l
                 restarted = ingest("ingest-3")
                 writer = restarted.start()
                 processes.append(writer)
-            wait_until_landed(changelog, len(committed) + 1, timeout=300)
+            wait_until_landed(changelog, SEED_TRANSACTIONS + len(committed), timeout=300)
             writer.send_signal(signal.SIGTERM)
             assert writer.wait(timeout=60) == 0
             catch_up = replacement.start("--trigger", "available-now")

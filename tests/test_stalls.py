@@ -14,7 +14,7 @@ import pytest
 from google.api_core.exceptions import Aborted
 
 from emulator.server import RunningEmulator
-from tests.checks import accounts_written_after_start
+from tests.checks import SEED_TRANSACTIONS, accounts_written_after_start
 from tests.processes import BANKING, background_workload, service_in, wait_until_landed
 from tests.stalls import EmulatorStalled, workload_failure
 
@@ -39,7 +39,7 @@ def test_a_stopped_product_and_a_stopped_emulator_are_told_apart(
         os.kill(process.pid, signal.SIGCONT)
         stop.set()
         workload.join()
-        wait_until_landed(table, 1 + len(committed), timeout=120, service=service)  # the seed's too
+        wait_until_landed(table, SEED_TRANSACTIONS + len(committed), timeout=120, service=service)
         # a transaction the change log lacks behind its W is no stall: it is named, with what a
         # fresh read of the stream returns there (this one never committed: nothing; the seed
         # transaction landed too)
@@ -48,7 +48,11 @@ def test_a_stopped_product_and_a_stopped_emulator_are_told_apart(
         )
         with pytest.raises(AssertionError, match=r"not a stall: .*\(not returned either\)$"):
             wait_until_landed(
-                table, len(committed) + 2, STALLED_AFTER_S, service, [*committed, absent]
+                table,
+                SEED_TRANSACTIONS + len(committed) + 1,
+                STALLED_AFTER_S,
+                service,
+                [*committed, absent],
             )
         # a test's own workload that failed is told apart the same way
         failed = Aborted("a workload's transaction")
