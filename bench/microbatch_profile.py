@@ -182,7 +182,7 @@ STAGE_METRICS = (
 def print_stateful_stages(folder: Path) -> None:
     """The stateful stage of each batch after the first (the stage with state stores): the
     medians of its wall time, its tasks' wall and CPU time, and ``STAGE_METRICS``, in ms."""
-    stages: list[dict[str, float]] = []
+    stages: list[tuple[int, dict[str, float]]] = []
     tasks: dict[int, list[dict[str, Any]]] = {}
     for path in folder.rglob("events_*"):
         for line in path.read_text().splitlines():
@@ -190,24 +190,25 @@ def print_stateful_stages(folder: Path) -> None:
             if event["Event"] == "SparkListenerTaskEnd":
                 tasks.setdefault(event["Stage ID"], []).append(event["Task Metrics"])
             elif event["Event"] == "SparkListenerStageCompleted":
-                stages.append(_stateful_stage(event["Stage Info"]))
-    later = [s for s in stages if s][1:]
-    for stage in later:
-        ran = tasks.get(int(stage.pop("id")), [])
-        stage["tasks' wall time"] = sum(t["Executor Run Time"] for t in ran)
-        stage["tasks' CPU time"] = sum(t["Executor CPU Time"] for t in ran) / 1e6
+                stage = _stateful_stage(event["Stage Info"])
+                if stage is not None:
+                    stages.append(stage)
+    later = stages[1:]
+    for stage_id, figures in later:
+        ran = tasks.get(stage_id, [])
+        figures["tasks' wall time"] = sum(t["Executor Run Time"] for t in ran)
+        figures["tasks' CPU time"] = sum(t["Executor CPU Time"] for t in ran) / 1e6
     print(f"stateful stage, {len(later)} batches after the first\tmedian ms (summed over tasks)")
-    for name in later[0] if later else ():
-        print(f"  {name}\t{statistics.median(s[name] for s in later):.0f}")
+    for name in later[0][1] if later else ():
+        print(f"  {name}\t{statistics.median(figures[name] for _, figures in later):.0f}")
 
 
-def _stateful_stage(info: dict[str, Any]) -> dict[str, float]:
-    """A stage's id, wall time and ``STAGE_METRICS``; empty for a stage without a state store."""
+def _stateful_stage(info: dict[str, Any]) -> tuple[int, dict[str, float]] | None:
+    """A stage's id, and its wall time and ``STAGE_METRICS``; None without a state store."""
     metrics = {a.get("Name"): a.get("Value") for a in info.get("Accumulables", [])}
     if "time to commit changes" not in metrics:
-        return {}
-    return {
-        "id": info["Stage ID"],
+        return None
+    return info["Stage ID"], {
         "stage's wall time": info["Completion Time"] - info["Submission Time"],
         **{name: float(metrics.get(name) or 0) for name in STAGE_METRICS},
     }
