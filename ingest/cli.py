@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -44,6 +42,7 @@ from ingest.service.run import run_service
 from runtime.commands import Parser, UsageError, one_line, run_command
 from runtime.errors import BadInput, ReportedError
 from runtime.logs import make_logger
+from runtime.stopping import stop_on_signals
 
 EXIT_DIFFERENCES = 3
 """``audit`` found transactions missing, extra or differing."""
@@ -180,17 +179,10 @@ def prepare_tail(args: argparse.Namespace) -> TailRequest:
     )
 
 
-def _stop_on_signals() -> threading.Event:
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    return stop
-
-
 def run_ingest(args: argparse.Namespace, out: TextIO) -> int:
     config = config_module.load(file=args.config)
     log = make_logger(out, config.log_level).bind(command="run", stream=config.stream)
-    return run_service(config, log, _stop_on_signals())
+    return run_service(config, log, stop_on_signals(log))
 
 
 def run_on_spark(args: argparse.Namespace, out: TextIO) -> int:
@@ -199,7 +191,7 @@ def run_on_spark(args: argparse.Namespace, out: TextIO) -> int:
     config = config_module.load(file=args.config)
     spark = load_spark_config()
     log = make_logger(out, config.log_level).bind(command="spark-run", stream=config.stream)
-    return run_spark_source(config, spark, log, _stop_on_signals())
+    return run_spark_source(config, spark, log, stop_on_signals(log))
 
 
 def _regular_sessions_on_the_emulator() -> None:
@@ -242,7 +234,7 @@ def request_table_snapshot(args: argparse.Namespace, out: TextIO) -> int:
 def run_tail(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     log = make_logger(err, args.log_level).bind(command="tail", stream=args.stream)
     request = prepare_tail(args)
-    stop = _stop_on_signals()
+    stop = stop_on_signals(log)
 
     def print_release(release: Release) -> None:
         for transaction in release.transactions:
@@ -285,7 +277,7 @@ def run_audit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         args.end_timestamp = watermark
     request = prepare_tail(args)
     report = audit(
-        args.changelog, watermark, request.source, request.config, log, _stop_on_signals()
+        args.changelog, watermark, request.source, request.config, log, stop_on_signals(log)
     )
     out.write(report.summary() + "\n")
     for difference in report.differences:

@@ -22,6 +22,7 @@ from pipeline.state.compatibility import Evolution, StateSchemaError
 from runtime.commands import Parser, run_command
 from runtime.logs import make_logger
 from runtime.options import ConfigError
+from runtime.stopping import stop_on_signals
 
 OPTION_FLAGS = {
     "changelog": "changelog_uri",
@@ -159,9 +160,7 @@ def run(config: config_module.PipelineConfig) -> int:
     from pipeline.metrics import PipelineMetrics
 
     log = make_logger(sys.stdout, config.log_level).bind(component="pipeline")
-    stop, drain = threading.Event(), threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    stop, drain = stop_on_signals(log), threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: drain.set())
     metrics = PipelineMetrics()
     close_metrics = None

@@ -5,14 +5,19 @@ suite, which had set ``GRPC_ENABLE_FORK_SUPPORT`` for every process it started, 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from structlog.testing import CapturingLogger
 
 from emulator.processes import Process
 from runtime.process import PROCESS_ENVIRONMENT
+from runtime.stopping import stop_on_signals
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = """
@@ -102,3 +107,37 @@ def test_a_growing_log_is_read_line_by_line_once_and_a_line_in_progress_waits(
     assert process.count("c") == 1
     log.write_bytes(b'{"event": "d"}\n')
     assert [e["event"] for e in process.events()] == ["d"]
+
+
+def test_a_stop_signal_stops_at_once_and_a_slow_stop_says_where_each_thread_stands() -> None:
+    """SIGTERM sets the stop; while the stop has not ended, ``stop_slow`` names each thread and
+    its innermost frames (file, line, function), here this test's own. A second signal starts no
+    second reporter."""
+    log, ended = CapturingLogger(), threading.Event()
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        stop = stop_on_signals(log, slow_after_s=0.05, ended=ended)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.wait(30)
+        os.kill(os.getpid(), signal.SIGINT)
+        reported = time.monotonic() + 60  # generous: only a reporter that never runs reaches it
+        while len(log.calls) < 2 and time.monotonic() < reported:
+            stop.wait(0.01)
+        reporters = [t for t in threading.enumerate() if t.name == "stop-slow-reports"]
+    finally:
+        ended.set()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert len(log.calls) >= 2, "no stop_slow report"
+    report = log.calls[0]
+    assert (report.method_name, report.args) == ("warning", ("stop_slow",))
+    assert report.kwargs["reason"] == "SIGTERM" and report.kwargs["waited_s"] >= 0.05
+    threads = report.kwargs["threads"]
+    assert any(
+        frame.endswith(
+            " test_a_stop_signal_stops_at_once_and_a_slow_stop_says_where_each_thread_stands"
+        )
+        for frame in threads["MainThread"]
+    ), threads["MainThread"]
+    assert "stop-slow-reports" in threads
+    assert len(reporters) == 1, "a second signal started a second reporter"
