@@ -2,7 +2,9 @@
 environment no harness prepared (``emulator.processes.Process`` hands the product none of what
 ``runtime/process.py`` sets), with CPU-bound load beside it. The driver opens Spanner before
 Spark launches its JVM; with gRPC's fork handlers on, that launch died in 2 of 5 starts on a
-loaded machine. Prints one line: starts, started, died.
+loaded machine. Prints one line: starts, started, died. A start whose stop (SIGTERM) has not
+ended after ``STOP_S`` counts as died, with what the driver logged (its ``stop_slow`` reports)
+and where the JVM's threads stood.
 
     python bench/spark_run_starts.py --starts 10 --load 1
 """
@@ -10,6 +12,7 @@ loaded machine. Prints one line: starts, started, died.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -24,8 +27,15 @@ from google.cloud import spanner
 
 from emulator.bootstrap import bootstrap
 from emulator.machine import machine_line
-from emulator.processes import Process, kill_tree
+from emulator.processes import Process, kill_tree, process_tree
 from emulator.server import emulator
+
+STOP_S = 120
+"""A clean stop takes seconds; Spark's own bound on stopping a query is 30 s."""
+BUSY = ("StreamExecution", "py4j", "Python")
+"""Words in the stack of a JVM thread that takes part in a stop: the query's, Py4J's, the
+Python workers'."""
+IDLE = "Idle Worker Monitor"
 
 
 def start_once(database_id: str, folder: Path, number: int) -> bool:
@@ -50,10 +60,43 @@ def start_once(database_id: str, folder: Path, number: int) -> bool:
                 return False
             time.sleep(0.2)
         os.killpg(process.pid, signal.SIGTERM)
-        return process.wait(timeout=120) == 0
+        try:
+            return process.wait(timeout=STOP_S) == 0
+        except subprocess.TimeoutExpired:
+            print(f"start {number}: its stop had not ended after {STOP_S} s", file=sys.stderr)
+            print(stuck_stop(driver, process.pid), file=sys.stderr)
+            return False
     finally:
         if process.poll() is None:
             kill_tree(process)
+
+
+def stuck_stop(driver: Process, pid: int) -> str:
+    """The driver's last events but the JVM's lines, its threads in its newest ``stop_slow``
+    report, and the stacks of the JVM's threads that run Spark's or Py4J's code."""
+    events = driver.events()
+    lines = [
+        json.dumps({k: v for k, v in e.items() if k != "threads"})[:400]
+        for e in events
+        if e["event"] != "jvm_output"
+    ][-15:]
+    slow = [e for e in events if e["event"] == "stop_slow"]
+    for name, frames in slow[-1]["threads"].items() if slow else ():
+        lines.append(f"python thread {name}: " + " > ".join(frames))
+    for jvm in filter(_is_java, process_tree(pid)):
+        dump = subprocess.run(["jstack", str(jvm)], capture_output=True, text=True, timeout=60)
+        blocks = [
+            b for b in dump.stdout.split("\n\n") if any(w in b for w in BUSY) and IDLE not in b
+        ]
+        lines += ["\n".join(b.splitlines()[:40]) for b in blocks[:12]]
+    return "\n".join(lines)
+
+
+def _is_java(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "java"
+    except OSError:
+        return False
 
 
 def main() -> int:
