@@ -74,6 +74,9 @@ class WorkloadConfig:
     transactions_per_second: float | None = None
     """Target rate; None runs as fast as the database commits."""
     max_transactions: int | None = None
+    least_transactions: int = 0
+    """The run goes on past ``duration_seconds`` until this many have committed: a loaded
+    machine commits fewer than the rate asks."""
     rows_per_transaction: int = 1
     accounts: int = 100
     seed: int = 0
@@ -169,7 +172,10 @@ class Workload:
             ("cleanup", self._cleanup),
         ]
         weights = [config.transfer_weight, config.all_types_weight, config.cleanup_weight]
-        while time.monotonic() - started < config.duration_seconds:
+        while (
+            time.monotonic() - started < config.duration_seconds
+            or len(self.committed) < config.least_transactions
+        ):
             if stop is not None and stop.is_set():
                 break
             if (

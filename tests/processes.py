@@ -175,15 +175,22 @@ def wait_until_landed(
 
 
 def background_workload(
-    database: Any, seconds: float, rate: float, seed: int, **weights: float
+    database: Any,
+    seconds: float,
+    rate: float,
+    seed: int,
+    least_transactions: int = 0,
+    **weights: float,
 ) -> tuple[threading.Thread, threading.Event, list[CommittedTransaction]]:
-    """The workload on a thread; the list it returns fills as transactions commit."""
+    """The workload on a thread; the list it returns fills as transactions commit. With
+    ``least_transactions`` it goes on past ``seconds`` until that many have committed."""
     stop = threading.Event()
     workload = Workload(
         database,
         WorkloadConfig(
             duration_seconds=seconds,
             transactions_per_second=rate,
+            least_transactions=least_transactions,
             seed=seed,
             transfer_weight=(weights or BANKING)["transfer_weight"],
             all_types_weight=(weights or BANKING)["all_types_weight"],
