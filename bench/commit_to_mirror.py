@@ -34,7 +34,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -67,6 +66,7 @@ from ingest.delta.sink import DeltaChangeLogSink
 from ingest.model.records import Mod, Transaction
 from ingest.model.timestamps import NANOS_PER_SECOND, Nanos, parse_rfc3339
 from runtime.logs import make_logger
+from runtime.stopping import stop_on_signals
 from tests.scripted_spanner import Script, parents_of, scripted_query
 from tests.simulation import Topology, build_wide_topology
 
@@ -130,8 +130,7 @@ def ingest(port: int, changelog: str, start: Nanos) -> None:
         checkpoint_interval_s=CHECKPOINT_INTERVAL_S,
     )
     reader = ChangeStreamReader(scripted_query(port), ReaderConfig(start_timestamp=start), log)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = stop_on_signals(log)
     reader.run(batcher.on_release, stop, on_tick=batcher.on_tick)
     batcher.flush()
 

@@ -50,6 +50,8 @@ from emulator.verify import (
 )
 from emulator.workload import CommittedTransaction, Workload, WorkloadConfig, load_existing_rows
 from ingest.changestream.query import Dialect
+from runtime.logs import null_logger
+from runtime.stopping import stop_on_signals
 
 ACCOUNTS = 100
 PROGRESS_EVERY_S = 5.0
@@ -381,9 +383,7 @@ def _summary(running: _Running, check: MirrorCheck, root: str) -> Summary:
 
 def main(argv: list[str] | None = None) -> int:
     options = parse_args(argv)
-    interrupted = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: interrupted.set())
-    signal.signal(signal.SIGTERM, lambda *_: interrupted.set())
+    interrupted = stop_on_signals(null_logger())
     try:
         return run(options, interrupted)
     except (RuntimeError, TimeoutError) as error:

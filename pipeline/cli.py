@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -160,8 +159,8 @@ def run(config: config_module.PipelineConfig) -> int:
     from pipeline.metrics import PipelineMetrics
 
     log = make_logger(sys.stdout, config.log_level).bind(component="pipeline")
-    stop, drain = stop_on_signals(log), threading.Event()
-    signal.signal(signal.SIGUSR1, lambda *_: drain.set())
+    drain = threading.Event()
+    stop = stop_on_signals(log, drain=drain)
     metrics = PipelineMetrics()
     close_metrics = None
     if config.metrics_port:

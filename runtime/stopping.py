@@ -1,5 +1,13 @@
-"""A stop signal: SIGTERM or SIGINT asks the process for a clean stop, and a stop that drags on
+"""Stop signals: SIGTERM or SIGINT asks the process for a clean stop, and a stop that drags on
 says where it hangs.
+
+The signals reach the product through a thread of its own, never through a Python signal
+handler that sets an event. A handler runs in the main thread between two bytecodes, possibly
+inside ``Event.wait()`` while that thread holds the event's lock; ``Event.set()`` there waits
+for that lock forever, and the process never stops (2 of 300 stops of a loop on
+``stop.wait()``; a ``spark-run`` in CI of ``0d7a017``). So each signal's handler does nothing,
+Python's own C handler writes the signal's number to a pipe (``signal.set_wakeup_fd``), and a
+thread reading the pipe sets the events, as any thread may.
 
 A clean stop finishes or abandons the batch in flight, hands the lease over and exits 0. It can
 wait on parts the product does not control (a Spark query that does not end, a JVM that does not
@@ -11,37 +19,74 @@ itself: a slow stop that ends is still a clean one.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import FrameType
 
 from runtime.logs import Logger
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SLOW_STOP_S = 20.0
 """Below Kubernetes' default grace of 30 s, so the first report comes before its SIGKILL."""
 STACK_DEPTH = 12
 """The innermost frames of each thread that a report shows."""
+END_OF_SIGNALS = 0
+"""A byte no signal writes: it ends the thread that reads them (tests)."""
 
 
 def stop_on_signals(
-    log: Logger, slow_after_s: float = SLOW_STOP_S, ended: threading.Event | None = None
+    log: Logger,
+    slow_after_s: float = SLOW_STOP_S,
+    ended: threading.Event | None = None,
+    drain: threading.Event | None = None,
 ) -> threading.Event:
-    """The event SIGTERM and SIGINT set; the first of them also starts the slow-stop reports,
-    which end with the process (or when ``ended`` is set)."""
+    """The event SIGTERM and SIGINT set (and SIGUSR1 sets ``drain``, when given); the first stop
+    signal also starts the slow-stop reports, which end with the process (or when ``ended`` is
+    set). Called from the main thread, as Python's signals are."""
     stop = threading.Event()
+    events = {signum: stop for signum in STOP_SIGNALS}
+    if drain is not None:
+        events[signal.SIGUSR1] = drain
 
-    def on_signal(signum: int, _frame: object) -> None:
-        if stop.is_set():
-            return
-        stop.set()
+    def on_stop(signum: int) -> None:
         report_slow_stop(log, signal.Signals(signum).name, slow_after_s, ended)
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write)
+    for signum in events:
+        signal.signal(signum, _caught)
+    threading.Thread(
+        target=_deliver, args=(read, events, stop, on_stop), name="stop-signals", daemon=True
+    ).start()
     return stop
+
+
+def _caught(_signum: int, _frame: object) -> None:
+    """Python's C handler has written the signal to the wakeup pipe; nothing else to do here."""
+
+
+def _deliver(
+    read: int,
+    events: Mapping[int, threading.Event],
+    stop: threading.Event,
+    on_stop: Callable[[int], None],
+) -> None:
+    """Set each signal's event as its number arrives; the first stop also calls ``on_stop``."""
+    while True:
+        for signum in os.read(read, 64):
+            if signum == END_OF_SIGNALS:
+                return
+            event = events.get(signum)
+            if event is stop and not stop.is_set():
+                stop.set()
+                on_stop(signum)
+            elif event is not None:
+                event.set()
 
 
 def report_slow_stop(
