@@ -2,9 +2,10 @@
 environment no harness prepared (``emulator.processes.Process`` hands the product none of what
 ``runtime/process.py`` sets), with CPU-bound load beside it. The driver opens Spanner before
 Spark launches its JVM; with gRPC's fork handlers on, that launch died in 2 of 5 starts on a
-loaded machine. Prints one line: starts, started, died. A start whose stop (SIGTERM) has not
-ended after ``STOP_S`` counts as died, with what the driver logged (its ``stop_slow`` reports)
-and where the JVM's threads stood.
+loaded machine. Each start is stopped by ``--signal`` to its process group once it has started:
+TERM as a supervisor stops it, INT as a terminal's Ctrl-C does. Prints one line: starts, started,
+died. A start whose stop has not ended after ``STOP_S`` counts as died, with what the driver
+logged (its ``stop_slow`` reports) and where the JVM's threads stood.
 
     python bench/spark_run_starts.py --starts 10 --load 1
 """
@@ -38,7 +39,7 @@ Python workers'."""
 IDLE = "Idle Worker Monitor"
 
 
-def start_once(database_id: str, folder: Path, number: int) -> bool:
+def start_once(database_id: str, folder: Path, number: int, stop: signal.Signals) -> bool:
     """One driver from nothing to ``spark_source_started``; True when it got there."""
     driver = Process(
         ["-m", "ingest", "spark-run"],
@@ -59,7 +60,7 @@ def start_once(database_id: str, folder: Path, number: int) -> bool:
             if process.poll() is not None or time.monotonic() > deadline:
                 return False
             time.sleep(0.2)
-        os.killpg(process.pid, signal.SIGTERM)
+        os.killpg(process.pid, stop)
         try:
             return process.wait(timeout=STOP_S) == 0
         except subprocess.TimeoutExpired:
@@ -103,14 +104,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--starts", type=int, default=10)
     parser.add_argument("--load", type=int, default=1, help="busy processes beside the starts")
+    parser.add_argument("--signal", choices=("TERM", "INT"), default="TERM")
     args = parser.parse_args()
+    stop = signal.Signals[f"SIG{args.signal}"]
     print(machine_line())
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
     try:
         with emulator() as running, tempfile.TemporaryDirectory() as work:
             os.environ["SPANNER_EMULATOR_HOST"] = running.host_port
             database = bootstrap(spanner.Client(project="local-project"), database_id="starts")
-            outcomes = [start_once(database.database_id, Path(work), n) for n in range(args.starts)]
+            outcomes = [
+                start_once(database.database_id, Path(work), n, stop) for n in range(args.starts)
+            ]
     finally:
         for process in busy:
             process.kill()

@@ -9,7 +9,9 @@ only its own settings.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,7 +53,9 @@ def start_session(
 ) -> Any:  # pyspark.sql.SparkSession (imported lazily: pyspark is heavy)
     """The session (``session_settings``' result as ``settings``); the JVM's lines to
     ``jvm_output`` when given (``runtime.jvm.JvmLog``). A stop signal to the process's group
-    reaches Python only."""
+    reaches Python only. PySpark's context replaces SIGINT's handler with one that cancels every
+    job and raises ``KeyboardInterrupt`` in the main thread; the process's own is put back, so a
+    Ctrl-C is the same clean stop as SIGTERM."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -61,8 +65,11 @@ def start_session(
     for key, value in settings.items():
         builder = builder.config(key, value)
     loopback_when_unresolvable(master)
+    interrupt = signal.getsignal(signal.SIGINT)
     with own_session(jvm_output):
         session = builder.getOrCreate()
+    if interrupt is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, interrupt)  # PySpark's own raises KeyboardInterrupt
     session.sparkContext.setLogLevel("ERROR")
     refused = refused_class_archive(session)
     if refused is not None and jvm_output is not None:

@@ -44,7 +44,7 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         ["--rows", "25000", "--tasks", "1", "2", "--parts", "4", "--task-mb", "1"],
         r"^2\t[1-9]\d*\t[1-9]\d*\t[\d.]+\t([\d.]+|-)\t[\d.]+\t[\d.]+\t[\d.]+\t[1-9]\d*$",
     ),
-    "spark_run_starts.py": (["--starts", "1", "--load", "0"], r"^1\t1\t0$"),
+    "spark_run_starts.py": (["--starts", "1", "--load", "0", "--signal", "INT"], r"^1\t1\t0$"),
     "restart_first_batch.py": (
         ["--keys", "200", "--restarts", "1"],
         r"^after kill 1\t[\d.]+\t[\d.]+$",
