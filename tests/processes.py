@@ -6,7 +6,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,7 +180,7 @@ def background_workload(
     rate: float,
     seed: int,
     least_transactions: int = 0,
-    **weights: float,
+    weights: Mapping[str, float] = BANKING,
 ) -> tuple[threading.Thread, threading.Event, list[CommittedTransaction]]:
     """The workload on a thread; the list it returns fills as transactions commit. With
     ``least_transactions`` it goes on past ``seconds`` until that many have committed."""
@@ -192,9 +192,9 @@ def background_workload(
             transactions_per_second=rate,
             least_transactions=least_transactions,
             seed=seed,
-            transfer_weight=(weights or BANKING)["transfer_weight"],
-            all_types_weight=(weights or BANKING)["all_types_weight"],
-            cleanup_weight=(weights or BANKING)["cleanup_weight"],
+            transfer_weight=weights["transfer_weight"],
+            all_types_weight=weights["all_types_weight"],
+            cleanup_weight=weights["cleanup_weight"],
         ),
     )
     thread = WorkloadThread(target=workload.run, args=(stop,))

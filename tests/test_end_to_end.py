@@ -144,7 +144,7 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
     try:
         pipeline.wait_for("pipeline_batch", 1, timeout=300, process=running)
         workload, _, committed = background_workload(
-            database, 45, 10, seed, least_transactions=300, **ALL_KINDS
+            database, 45, 10, seed, least_transactions=300, weights=ALL_KINDS
         )
         scrapes = scrape_both(ingest_port, pipeline_port, changelog)
         time.sleep(rng.uniform(2, 6))

@@ -59,7 +59,7 @@ def test_maintenance_from_spark_and_delta_rs_while_the_job_runs_and_a_restore_re
     spark, stop = None, None
     try:
         pipeline.wait_for("pipeline_batch", 1, timeout=300, process=job)
-        workload, stop, committed = background_workload(database, 900, 5, SEED, **BANKING)
+        workload, stop, committed = background_workload(database, 900, 5, SEED, weights=BANKING)
         spark = build_test_session("maintenance", shuffle_partitions=2)
         spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
         # A platform's maintenance job sized for small tables on two cores: VACUUM lists files

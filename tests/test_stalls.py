@@ -29,7 +29,7 @@ def test_a_stopped_product_and_a_stopped_emulator_are_told_apart(
     table = tmp_path / "changelog"
     service = service_in(tmp_path, database.database_id, start)
     process = service.start()
-    workload, stop, committed = background_workload(database, 600, 4, 7, **BANKING)
+    workload, stop, committed = background_workload(database, 600, 4, 7, weights=BANKING)
     try:
         wait_until_landed(table, 20, timeout=120, service=service)
         os.kill(process.pid, signal.SIGSTOP)

@@ -117,7 +117,7 @@ def test_a_table_snapshotted_on_demand_comes_back_to_spanner_while_writes_go_on(
         PIPELINE_MAX_FILES_PER_TRIGGER="4",
     )
     weights = dict(transfer_weight=1.0, all_types_weight=0.0, cleanup_weight=0.5)
-    workload, stop_workload, committed = background_workload(database, 600, 10, 11, **weights)
+    workload, stop_workload, committed = background_workload(database, 600, 10, 11, weights=weights)
     process = service.start()
     try:
         service.wait_for("ingest_started", 1, timeout=120, process=process)
