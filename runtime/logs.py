@@ -12,8 +12,11 @@ Logger = structlog.typing.FilteringBoundLogger
 
 
 def make_logger(stream: TextIO, level: str = "info") -> Logger:
+    """Each event one ``write`` of its whole line: ``print`` writes the line and its newline
+    apart, and a process that ended between the two (its last ``error:`` line on stderr, the
+    JVM's output relayed on a daemon thread) left a JSON line glued to the next one."""
     logger: Logger = structlog.wrap_logger(
-        structlog.PrintLogger(file=stream),
+        structlog.WriteLogger(file=stream),
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -18,6 +18,7 @@ import pytest
 from structlog.testing import CapturingLogger
 
 from emulator.processes import Process
+from runtime.logs import make_logger
 from runtime.process import PROCESS_ENVIRONMENT
 from runtime.stopping import report_slow_stop
 
@@ -188,3 +189,29 @@ def test_a_slow_stop_says_where_each_thread_stands() -> None:
         for frame in threads["MainThread"]
     ), threads["MainThread"]
     assert "stop-slow-reports" in threads
+
+
+class _Writes:
+    """A stream that keeps each ``write`` call apart."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_each_log_event_is_one_write_of_its_whole_line() -> None:
+    """A line and its newline written apart were split by a process's end: the JVM's output,
+    relayed on a daemon thread, left a JSON line glued to the ``error:`` line that followed it
+    (CI of ``89857a3``, the S3 end-to-end test's paused pipeline)."""
+    stream = _Writes()
+    log = make_logger(stream)  # type: ignore[arg-type]
+    log.info("jvm_output", message="at java.base/java.util.regex.Pattern$Loop.match")
+    log.warning("stop_slow", waited_s=20.0)
+    assert len(stream.writes) == 2
+    assert all(w.endswith("}\n") and w.count("\n") == 1 for w in stream.writes), stream.writes
