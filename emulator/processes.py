@@ -160,5 +160,16 @@ class LogReader:
         self._offset += len(complete)
         for line in complete.split(b"\n"):
             if line.startswith(b'{"'):
-                self._events.append(json.loads(line.decode(errors="replace")))
+                self._events.append(_event(self.log, line.decode(errors="replace")))
         return list(self._events)
+
+
+def _event(log: Path, line: str) -> dict[str, Any]:
+    """One JSON event; a line that starts as one and is not fails the caller by name."""
+    try:
+        event: dict[str, Any] = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise AssertionError(
+            f"{log}: a line that is not one JSON event ({error}): {line[:300]}"
+        ) from None
+    return event
