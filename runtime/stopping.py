@@ -12,7 +12,7 @@ thread reading the pipe sets the events, as any thread may.
 A clean stop finishes or abandons the batch in flight, hands the lease over and exits 0. It can
 wait on parts the product does not control (a Spark query that does not end, a JVM that does not
 answer); a supervisor then ends the process with SIGKILL, and nobody learns where it stood. So
-while a stop has not ended, the process logs ``stop_slow`` every ``slow_after_s`` seconds with
+while a stop has not ended, the process logs ``stop_slow`` every ``SLOW_STOP_S`` seconds with
 each thread's innermost frames (file, line, function: no values). It does not end the process
 itself: a slow stop that ends is still a clean one.
 """
@@ -34,34 +34,23 @@ SLOW_STOP_S = 20.0
 """Below Kubernetes' default grace of 30 s, so the first report comes before its SIGKILL."""
 STACK_DEPTH = 12
 """The innermost frames of each thread that a report shows."""
-END_OF_SIGNALS = 0
-"""A byte no signal writes: it ends the thread that reads them (tests)."""
 
 
-def stop_on_signals(
-    log: Logger,
-    slow_after_s: float = SLOW_STOP_S,
-    ended: threading.Event | None = None,
-    drain: threading.Event | None = None,
-) -> threading.Event:
+def stop_on_signals(log: Logger, drain: threading.Event | None = None) -> threading.Event:
     """The event SIGTERM and SIGINT set (and SIGUSR1 sets ``drain``, when given); the first stop
-    signal also starts the slow-stop reports, which end with the process (or when ``ended`` is
-    set). Called from the main thread, as Python's signals are."""
+    signal also starts the slow-stop reports, which end with the process. Called from the main
+    thread, as Python's signals are."""
     stop = threading.Event()
     events = {signum: stop for signum in STOP_SIGNALS}
     if drain is not None:
         events[signal.SIGUSR1] = drain
-
-    def on_stop(signum: int) -> None:
-        report_slow_stop(log, signal.Signals(signum).name, slow_after_s, ended)
-
     read, write = os.pipe()
     os.set_blocking(write, False)
     signal.set_wakeup_fd(write)
     for signum in events:
         signal.signal(signum, _caught)
     threading.Thread(
-        target=_deliver, args=(read, events, stop, on_stop), name="stop-signals", daemon=True
+        target=_deliver, args=(read, events, stop, log), name="stop-signals", daemon=True
     ).start()
     return stop
 
@@ -71,20 +60,15 @@ def _caught(_signum: int, _frame: object) -> None:
 
 
 def _deliver(
-    read: int,
-    events: Mapping[int, threading.Event],
-    stop: threading.Event,
-    on_stop: Callable[[int], None],
+    read: int, events: Mapping[int, threading.Event], stop: threading.Event, log: Logger
 ) -> None:
-    """Set each signal's event as its number arrives; the first stop also calls ``on_stop``."""
+    """Set each signal's event as its number arrives; the first stop also starts the reports."""
     while True:
         for signum in os.read(read, 64):
-            if signum == END_OF_SIGNALS:
-                return
             event = events.get(signum)
             if event is stop and not stop.is_set():
                 stop.set()
-                on_stop(signum)
+                report_slow_stop(log, signal.Signals(signum).name, SLOW_STOP_S)
             elif event is not None:
                 event.set()
 
