@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -202,8 +203,14 @@ def test_second_process_for_the_same_job_stands_by(new_database, tmp_path: Path)
     first.wait_for("delta_commit", 1)
     standby = second.start()
     try:
-        time.sleep(6)
-        assert any(e["event"] == "standby_waiting_for_lease" for e in second.events())
+        # Progress, not the wall clock: the standby says it waits, then the first process goes
+        # on committing for more than a whole lease after that, however slowly both started.
+        second.wait_for("standby_waiting_for_lease", 1, timeout=120, process=standby)
+        waiting = next(e for e in second.events() if e["event"] == "standby_waiting_for_lease")
+        later = _seconds(waiting["timestamp"]) + 4 + 1  # the lease and a second
+        first.wait_for(
+            "delta_commit", 1, process=primary, where=lambda e: _seconds(e["timestamp"]) > later
+        )
         primary_owner = next(e["owner"] for e in first.events() if e["event"] == "ingest_started")
         owners = {v.checkpoint.owner for v in read_versions(table) if v.checkpoint}
         assert owners == {primary_owner}, "the standby wrote while the first process lived"
@@ -218,6 +225,11 @@ def test_second_process_for_the_same_job_stands_by(new_database, tmp_path: Path)
         primary.kill()
         standby.kill()
     assert_change_log_invariants(table, committed)
+
+
+def _seconds(timestamp: str) -> float:
+    """A log event's time (UTC, as the product writes it) in seconds since the epoch."""
+    return datetime.fromisoformat(timestamp).timestamp()
 
 
 @pytest.mark.emulator
