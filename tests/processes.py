@@ -18,6 +18,10 @@ from ingest.model.timestamps import Nanos, to_rfc3339
 BANKING = dict(transfer_weight=1.0, all_types_weight=0.0, cleanup_weight=0.0)
 BANKING_TABLES = ("accounts", "transfers")
 """The tables the BANKING workload writes (all_types stays empty, its mirror too)."""
+INGEST_STOP_S = 60
+"""How long a clean stop of the ingest service may take: its pod's grace period
+(deploy/kubernetes/ingest.yaml), after which Kubernetes kills it. A stop the product itself
+finds slow logs ``stop_slow`` after 20 s (runtime/stopping.py)."""
 
 
 STARTED_SERVICES: list[Service] = []

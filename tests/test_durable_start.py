@@ -26,6 +26,7 @@ from ingest.model.timestamps import Nanos, parse_rfc3339, to_rfc3339
 from tests.checks import crash_seed
 from tests.delta_checks import assert_change_log_invariants
 from tests.processes import (
+    INGEST_STOP_S,
     background_workload,
     service_in,
     wait_until_committed,
@@ -160,7 +161,7 @@ def test_a_new_job_killed_before_its_first_commit_loses_nothing(
         service.wait_for("configured_start_ignored", 1, process=final)
         wait_until_landed(table, len(expected), timeout=120, service=service)
         final.send_signal(signal.SIGTERM)
-        assert final.wait(timeout=20) == 0
+        assert final.wait(timeout=INGEST_STOP_S) == 0
     finally:
         final.kill()
 

@@ -47,7 +47,13 @@ from tests.checks import (
     compare_at_watermark,
     crash_seed,
 )
-from tests.processes import Pipeline, background_workload, service_in, wait_until_landed
+from tests.processes import (
+    INGEST_STOP_S,
+    Pipeline,
+    background_workload,
+    service_in,
+    wait_until_landed,
+)
 from tests.scrapes import Samples, check_ingest, check_pipeline, scrape, scrape_until, value
 
 ALL_KINDS = dict(transfer_weight=0.6, all_types_weight=0.3, cleanup_weight=0.1)
@@ -180,7 +186,7 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
         )
         # SIGTERM to each process group, as tini -g and job control send it: a clean stop
         os.killpg(ingest_process.pid, signal.SIGTERM)
-        assert ingest_process.wait(timeout=20) == 0
+        assert ingest_process.wait(timeout=INGEST_STOP_S) == 0
         os.killpg(running.pid, signal.SIGTERM)
         assert running.wait(timeout=60) == 0, pipeline.log.read_text()[-3000:]
         catch_up = pipeline.start("--trigger", "available-now")

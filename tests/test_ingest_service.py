@@ -18,7 +18,13 @@ from emulator.server import free_port
 from ingest.service.health import HealthServer, token_file
 from tests.checks import crash_seed, start_after_setup
 from tests.delta_checks import assert_change_log_invariants, read_versions
-from tests.processes import Service, background_workload, service_in, wait_until_landed
+from tests.processes import (
+    INGEST_STOP_S,
+    Service,
+    background_workload,
+    service_in,
+    wait_until_landed,
+)
 from tests.scrapes import check_ingest, scrape, value
 
 
@@ -53,7 +59,7 @@ def test_kill_9_at_random_moments_keeps_every_invariant(new_database, tmp_path: 
         service.wait_for("ingest_started", started + 1)
         wait_until_landed(table, len(committed), timeout=120, service=service, committed=committed)
         final.send_signal(signal.SIGTERM)
-        assert final.wait(timeout=20) == 0
+        assert final.wait(timeout=INGEST_STOP_S) == 0
     finally:
         final.kill()
     versions = assert_change_log_invariants(table, committed)
@@ -166,11 +172,9 @@ def test_sigterm_under_load_exits_cleanly_and_restart_loses_nothing(
         "ingest_records_read_total",
     ):
         assert (value(second, name) or 0) > (value(first, name) or 0), name
-    began = time.monotonic()
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=10) == 0
-    stop_seconds = time.monotonic() - began
-    assert stop_seconds < 5, stop_seconds
+    assert process.wait(timeout=INGEST_STOP_S) == 0
+    assert not any(e["event"] == "stop_slow" for e in service.events()), "the stop dragged on"
     assert any(e["event"] == "ingest_stopped" for e in service.events())
     restarted = service.start()
     try:
@@ -178,7 +182,7 @@ def test_sigterm_under_load_exits_cleanly_and_restart_loses_nothing(
         thread.join()
         wait_until_landed(table, len(committed), timeout=60, service=service, committed=committed)
         restarted.send_signal(signal.SIGTERM)
-        assert restarted.wait(timeout=10) == 0
+        assert restarted.wait(timeout=INGEST_STOP_S) == 0
     finally:
         restarted.kill()
     assert_change_log_invariants(table, committed)
@@ -220,7 +224,7 @@ def test_second_process_for_the_same_job_stands_by(new_database, tmp_path: Path)
         wait_until_landed(table, len(committed), timeout=90)
         second.wait_for("writer_lease_taken_over", 1)
         standby.send_signal(signal.SIGTERM)
-        assert standby.wait(timeout=10) == 0
+        assert standby.wait(timeout=INGEST_STOP_S) == 0
     finally:
         primary.kill()
         standby.kill()
@@ -250,7 +254,7 @@ def test_a_clean_stop_hands_over_at_once_and_a_kill_does_not(new_database, tmp_p
     try:
         first.wait_for("delta_commit", 2, process=processes[0])
         processes[0].send_signal(signal.SIGTERM)
-        assert processes[0].wait(timeout=30) == 0
+        assert processes[0].wait(timeout=INGEST_STOP_S) == 0
         first.wait_for("writer_lease_released", 1)
         processes.append(second.start())
         second.wait_for("delta_commit", 1, timeout=45, process=processes[1])
@@ -260,7 +264,7 @@ def test_a_clean_stop_hands_over_at_once_and_a_kill_does_not(new_database, tmp_p
         processes.append(third.start())
         third.wait_for("standby_waiting_for_lease", 1, process=processes[2])
         processes[2].send_signal(signal.SIGTERM)
-        assert processes[2].wait(timeout=30) == 0
+        assert processes[2].wait(timeout=INGEST_STOP_S) == 0
     finally:
         for process in processes:
             process.kill()
@@ -352,7 +356,7 @@ def test_connections_cut_at_random_lose_and_duplicate_nothing(
                 table, len(committed), timeout=120, service=service, committed=committed
             )
             process.send_signal(signal.SIGTERM)
-            assert process.wait(timeout=20) == 0
+            assert process.wait(timeout=INGEST_STOP_S) == 0
         finally:
             process.kill()
         assert proxy.cuts >= 5

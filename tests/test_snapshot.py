@@ -36,7 +36,13 @@ from ingest.rules.snapshot_parts import key_ranges
 from ingest.snapshot.reader import read_table, sample_keys
 from tests.checks import apply_ddl, crash_seed
 from tests.delta_checks import assert_change_log_invariants
-from tests.processes import Service, background_workload, service_in, wait_until_landed
+from tests.processes import (
+    INGEST_STOP_S,
+    Service,
+    background_workload,
+    service_in,
+    wait_until_landed,
+)
 
 KEYS = {
     "accounts": ["account_id"],
@@ -87,7 +93,7 @@ def stop_once_landed(
         expected = [t for t in committed if t.commit_timestamp > read_at]
         wait_until_landed(changelog, len(expected), timeout=180)
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
+        assert process.wait(timeout=INGEST_STOP_S) == 0
     finally:
         process.kill()
     return read_at, expected

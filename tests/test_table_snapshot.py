@@ -26,7 +26,7 @@ from ingest.delta.absent_keys import absent_keys
 from ingest.model.encoding import canonical_json
 from ingest.model.timestamps import parse_rfc3339
 from tests.checks import apply_ddl, compare_at_watermark
-from tests.processes import Pipeline, background_workload, service_in
+from tests.processes import INGEST_STOP_S, Pipeline, background_workload, service_in
 
 
 def snapshot_table(port: int, table: str, token_file: Path) -> subprocess.CompletedProcess[str]:
@@ -158,7 +158,7 @@ def test_a_table_snapshotted_on_demand_comes_back_to_spanner_while_writes_go_on(
         workload.join()
         wait_for_watermark(changelog, max(t.commit_timestamp for t in committed), timeout=120)
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
+        assert process.wait(timeout=INGEST_STOP_S) == 0
     finally:
         stop_workload.set()
         workload.join()
