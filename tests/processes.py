@@ -22,6 +22,9 @@ INGEST_STOP_S = 60
 """How long a clean stop of the ingest service may take: its pod's grace period
 (deploy/kubernetes/ingest.yaml), after which Kubernetes kills it. A stop the product itself
 finds slow logs ``stop_slow`` after 20 s (runtime/stopping.py)."""
+PIPELINE_STOP_S = 120
+"""The same for a running pipeline, whose stop lets the batch in flight end
+(deploy/kubernetes/pipeline.yaml)."""
 
 
 STARTED_SERVICES: list[Service] = []

@@ -34,7 +34,7 @@ from pipeline.history import Histories
 from pipeline.user_processors import Change, ChangeProcessor, State
 from pipeline.user_processors.outputs import output_uri
 from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
-from tests.processes import Pipeline, Service, service_in, wait_until
+from tests.processes import INGEST_STOP_S, Pipeline, Service, service_in, wait_until
 
 pytestmark = pytest.mark.emulator
 
@@ -204,7 +204,7 @@ def test_added_columns_reach_mirrors_histories_and_the_feed_on_a_default_stream(
         running = pipeline.start()
         wait_until(lambda: read_again(service, last, changelog), 300, "the backfill", ingest)
         os.killpg(ingest.pid, signal.SIGTERM)  # its last commit is the change log's final W
-        assert ingest.wait(timeout=60) == 0, service.log.read_text()[-3000:]
+        assert ingest.wait(timeout=INGEST_STOP_S) == 0, service.log.read_text()[-3000:]
         running.send_signal(signal.SIGUSR1)  # drain: process what the change log holds, exit
         assert running.wait(timeout=400) == 0, pipeline.log.read_text()[-3000:]
     finally:

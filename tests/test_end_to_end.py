@@ -49,6 +49,7 @@ from tests.checks import (
 )
 from tests.processes import (
     INGEST_STOP_S,
+    PIPELINE_STOP_S,
     Pipeline,
     background_workload,
     service_in,
@@ -188,7 +189,7 @@ def test_mirrors_equal_spanner_at_the_watermark_through_add_column_and_kill_9(
         os.killpg(ingest_process.pid, signal.SIGTERM)
         assert ingest_process.wait(timeout=INGEST_STOP_S) == 0
         os.killpg(running.pid, signal.SIGTERM)
-        assert running.wait(timeout=60) == 0, pipeline.log.read_text()[-3000:]
+        assert running.wait(timeout=PIPELINE_STOP_S) == 0, pipeline.log.read_text()[-3000:]
         catch_up = pipeline.start("--trigger", "available-now")
         assert catch_up.wait(timeout=300) == 0, pipeline.log.read_text()[-3000:]
     finally:

@@ -25,7 +25,7 @@ from pipeline.catalog import version_holding
 from pipeline.columns import mirror_uri
 from pipeline.state import cut
 from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
-from tests.processes import Pipeline, service_in, wait_until
+from tests.processes import INGEST_STOP_S, PIPELINE_STOP_S, Pipeline, service_in, wait_until
 
 COLUMNS = 40
 
@@ -77,7 +77,7 @@ def test_forty_new_columns_while_running_rebase_and_never_stop_the_job(
         assert rebases >= 2, f"{rebases} rebases"
         assert job.poll() is None, "the job never exits"
         job.send_signal(signal.SIGTERM)
-        assert job.wait(timeout=120) == 0
+        assert job.wait(timeout=PIPELINE_STOP_S) == 0
 
         # The checkpoint is lost: rebase from the mirrors alone, then go on with changes that
         # carry one column each, so every other value must come from the seed.
@@ -103,7 +103,8 @@ def test_forty_new_columns_while_running_rebase_and_never_stop_the_job(
         assert_mirrors_equal(comparisons, f"after the checkpoint was lost (W {landed})")
         for process in (job, ingest):
             process.send_signal(signal.SIGTERM)
-        assert job.wait(timeout=120) == 0 and ingest.wait(timeout=60) == 0
+        assert job.wait(timeout=PIPELINE_STOP_S) == 0
+        assert ingest.wait(timeout=INGEST_STOP_S) == 0
     finally:
         job.kill()
         ingest.kill()
