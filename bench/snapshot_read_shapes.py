@@ -18,6 +18,7 @@ import os
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -58,8 +59,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["SPANNER_EMULATOR_HOST"] = running.host_port
         client = spanner.Client(project="local-project")
         for size in sorted(args.sizes):
-            database = bootstrap(client, database_id=f"shapes_{size}", accounts=0)
-            load_existing_rows(database, accounts=1000, transfers=size, all_types=0, seed=size)
+            database = bootstrap(
+                client,
+                database_id=f"shapes_{size}",
+                accounts=0,
+                existing=partial(
+                    load_existing_rows, accounts=1000, transfers=size, all_types=0, seed=size
+                ),
+            )
             read_at = time.time_ns()
             time.sleep(0.2)
             for range_rows in args.ranges:

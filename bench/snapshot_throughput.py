@@ -90,9 +90,13 @@ def bare_loop(database, read_at: int, range_rows: int) -> tuple[int, float]:
 
 
 def one_size(client, size: int, workers: int, mirror: bool) -> None:
-    database = bootstrap(client, database_id=f"snap_{size}", accounts=0)
     began = time.perf_counter()
-    load_existing_rows(database, accounts=1000, transfers=size, all_types=0, seed=size)
+    database = bootstrap(
+        client,
+        database_id=f"snap_{size}",
+        accounts=0,
+        existing=lambda d: load_existing_rows(d, 1000, transfers=size, all_types=0, seed=size),
+    )
     load_seconds = time.perf_counter() - began
     time.sleep(0.2)
     start = time.time_ns()

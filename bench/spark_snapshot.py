@@ -186,8 +186,12 @@ def main() -> int:
             assert running.process is not None
             emulator_pid = running.process.pid
             client = spanner.Client(project="local-project")
-            database = bootstrap(client, database_id="spark_snapshot", accounts=0)
-            load_existing_rows(database, accounts=1000, transfers=args.rows, all_types=0)
+            database = bootstrap(
+                client,
+                database_id="spark_snapshot",
+                accounts=0,
+                existing=lambda d: load_existing_rows(d, 1000, transfers=args.rows, all_types=0),
+            )
             time.sleep(0.2)
             start = time.time_ns()
             read_at = start - 1

@@ -31,7 +31,7 @@ from typing import Any
 
 from google.cloud import spanner
 
-from emulator.bootstrap import bootstrap, seed_accounts
+from emulator.bootstrap import bootstrap
 from emulator.omissions import returned_by_reread
 from emulator.processes import Process
 from emulator.run_report import (
@@ -263,7 +263,8 @@ def _reread_missing(database: Any, missing: tuple[str, ...], folder: Path) -> No
 
 
 def _sample_database(options: RunOptions, stack: contextlib.ExitStack) -> tuple[Any, str]:
-    """An emulator (unless one is given) and a sample database that already holds rows."""
+    """An emulator (unless one is given) and a sample database that already holds rows,
+    written before its change streams were created (as a database a user starts capturing)."""
     if not os.environ.get("SPANNER_EMULATOR_HOST"):
         say("starting the Spanner emulator")
         running = stack.enter_context(
@@ -272,11 +273,14 @@ def _sample_database(options: RunOptions, stack: contextlib.ExitStack) -> tuple[
         os.environ["SPANNER_EMULATOR_HOST"] = running.host_port
     name = f"bank_{time.strftime('%m%d%H%M%S')}"
     say(f"emulator at {os.environ['SPANNER_EMULATOR_HOST']}; creating database {name!r}")
-    database = bootstrap(spanner.Client(project="local-project"), database_id=name, accounts=0)
-    seed_accounts(database, ACCOUNTS, 1000)
-    existing = ACCOUNTS + load_existing_rows(
-        database, ACCOUNTS, options.existing_rows, options.existing_rows // 10, seed=1
+    rows = options.existing_rows, options.existing_rows // 10
+    database = bootstrap(
+        spanner.Client(project="local-project"),
+        database_id=name,
+        accounts=ACCOUNTS,
+        existing=lambda d: load_existing_rows(d, ACCOUNTS, *rows, seed=1),
     )
+    existing = ACCOUNTS + sum(rows)
     say(f"the database holds {existing} rows before the services start")
     return database, name
 

@@ -7,7 +7,7 @@ import os
 import random
 import time
 from collections import Counter, defaultdict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +16,26 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 
 from emulator.bootstrap import seed_accounts
 from emulator.verify import TableComparison, changelog_watermark, compare_mirrors
-from emulator.workload import CommittedTransaction
+from emulator.workload import CommittedTransaction, load_existing_rows
 from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339, to_rfc3339
 from ingest.model.values import decode_row
 from pipeline.catalog import discover_shapes
 from pipeline.shapes import TableShape
 
 TIMESTAMP_COLUMNS = {"updated_at", "created_at", "col_timestamp"}
+
+
+ACCOUNTS = 40_000
+"""The accounts of the snapshot tests' existing database (``hundred_thousand_rows``)."""
+
+
+def hundred_thousand_rows(seed: int) -> Callable[[Any], int]:
+    """The snapshot tests' existing rows over three tables (with ``ACCOUNTS`` accounts), for
+    ``new_database(existing=...)``: written before the change streams exist, as in a database a
+    user starts capturing. all_types rows cost the pipeline most (every type): few of them."""
+    return lambda database: load_existing_rows(
+        database, ACCOUNTS, transfers=55_000, all_types=5_000, seed=seed
+    )
 
 
 def crash_seed() -> tuple[int, random.Random]:

@@ -319,8 +319,15 @@ def new_database(spanner_client: spanner.Client) -> Callable[..., Database]:
 def _database_maker(client: spanner.Client) -> Callable[..., Database]:
     """Bootstrapped sample databases on ``client``'s emulator, each with a name of its own."""
 
-    def create(dialect: str = "googlesql", accounts: int = 100) -> Database:
+    def create(
+        dialect: str = "googlesql",
+        accounts: int = 100,
+        existing: Callable[[Database], object] | None = None,
+    ) -> Database:
+        """``existing``: rows written before the change streams exist (``bootstrap``)."""
         database_id = f"db{next(_database_numbers)}_{dialect[:2]}_{os.getpid() % 10000}"
-        return bootstrap(client, database_id=database_id, dialect=dialect, accounts=accounts)
+        return bootstrap(
+            client, database_id=database_id, dialect=dialect, accounts=accounts, existing=existing
+        )
 
     return create

@@ -34,7 +34,7 @@ from ingest.model.snapshot import SnapshotProgress
 from ingest.model.timestamps import NANOS_PER_SECOND, from_datetime, to_rfc3339
 from ingest.rules.snapshot_parts import key_ranges
 from ingest.snapshot.reader import read_table, sample_keys
-from tests.checks import apply_ddl, crash_seed
+from tests.checks import ACCOUNTS, apply_ddl, crash_seed, hundred_thousand_rows
 from tests.delta_checks import assert_change_log_invariants
 from tests.processes import (
     INGEST_STOP_S,
@@ -104,9 +104,7 @@ def test_an_existing_database_lands_once_from_one_timestamp_through_kill_9(
     new_database, tmp_path: Path
 ) -> None:
     seed, rng = crash_seed()
-    database = new_database("googlesql", accounts=40_000)
-    # all_types rows cost the pipeline most (every type): few of them, the 100,000 kept
-    load_existing_rows(database, accounts=40_000, transfers=55_000, all_types=5_000, seed=seed)
+    database = new_database("googlesql", accounts=ACCOUNTS, existing=hundred_thousand_rows(seed))
     changelog = tmp_path / "changelog"
     service = service_in(
         tmp_path,

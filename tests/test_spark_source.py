@@ -20,7 +20,6 @@ from emulator.processes import kill_tree
 from emulator.server import free_port
 from emulator.spark_cluster import StandaloneCluster
 from emulator.verify import latest_checkpoint
-from emulator.workload import load_existing_rows
 from ingest.changestream.opening import StreamAddress, open_stream
 from ingest.delta.landing import ChangeLogLanding, WatchedColumnsPoll
 from ingest.delta.sink import DeltaChangeLogSink
@@ -34,9 +33,11 @@ from ingest.sparksource.source import SourceOptions
 from runtime.logs import null_logger
 from tests.builders import captured_logger
 from tests.checks import (
+    ACCOUNTS,
     assert_mirrors_equal,
     compare_at_watermark,
     crash_seed,
+    hundred_thousand_rows,
     start_after_setup,
 )
 from tests.delta_checks import assert_change_log_invariants, read_versions
@@ -68,9 +69,7 @@ def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
     cluster (its processor, RocksDB state and MERGE in the executors) loses a worker to kill -9
     mid-batch; its mirrors equal Spanner at the change log's W."""
     seed, rng = crash_seed()
-    database = new_database("googlesql", accounts=40_000)
-    # all_types rows cost the pipeline most (every type): few of them, the 100,000 kept
-    load_existing_rows(database, accounts=40_000, transfers=55_000, all_types=5_000, seed=seed)
+    database = new_database("googlesql", accounts=ACCOUNTS, existing=hundred_thousand_rows(seed))
     table = tmp_path / "changelog"
     cluster = StandaloneCluster(tmp_path / "spark")
     metrics_port = free_port()
