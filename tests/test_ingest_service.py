@@ -9,12 +9,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from emulator.server import free_port
+from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339
 from ingest.service.health import HealthServer, token_file
 from tests.checks import crash_seed, start_after_setup
 from tests.delta_checks import assert_change_log_invariants, read_versions
@@ -188,19 +188,27 @@ def test_sigterm_under_load_exits_cleanly_and_restart_loses_nothing(
     assert_change_log_invariants(table, committed)
 
 
+LEASE_S = 4
+"""The standby test's lease: short, so the takeover after the kill comes soon."""
+
+
 @pytest.mark.emulator
 def test_second_process_for_the_same_job_stands_by(new_database, tmp_path: Path) -> None:
     database = new_database("googlesql")
     table = tmp_path / "changelog"
     first = Service(
-        database.database_id, table, tmp_path / "first.log", start_after_setup(), INGEST_LEASE_S="4"
+        database.database_id,
+        table,
+        tmp_path / "first.log",
+        start_after_setup(),
+        INGEST_LEASE_S=str(LEASE_S),
     )
     second = Service(
         database.database_id,
         table,
         tmp_path / "second.log",
         start_after_setup(),
-        INGEST_LEASE_S="4",
+        INGEST_LEASE_S=str(LEASE_S),
     )
     thread, _, committed = background_workload(database, seconds=16, rate=30, seed=9)
     primary = first.start()
@@ -211,9 +219,12 @@ def test_second_process_for_the_same_job_stands_by(new_database, tmp_path: Path)
         # on committing for more than a whole lease after that, however slowly both started.
         second.wait_for("standby_waiting_for_lease", 1, timeout=120, process=standby)
         waiting = next(e for e in second.events() if e["event"] == "standby_waiting_for_lease")
-        later = _seconds(waiting["timestamp"]) + 4 + 1  # the lease and a second
+        later = parse_rfc3339(waiting["timestamp"]) + (LEASE_S + 1) * NANOS_PER_SECOND
         first.wait_for(
-            "delta_commit", 1, process=primary, where=lambda e: _seconds(e["timestamp"]) > later
+            "delta_commit",
+            1,
+            process=primary,
+            where=lambda e: parse_rfc3339(e["timestamp"]) > later,
         )
         primary_owner = next(e["owner"] for e in first.events() if e["event"] == "ingest_started")
         owners = {v.checkpoint.owner for v in read_versions(table) if v.checkpoint}
@@ -229,11 +240,6 @@ def test_second_process_for_the_same_job_stands_by(new_database, tmp_path: Path)
         primary.kill()
         standby.kill()
     assert_change_log_invariants(table, committed)
-
-
-def _seconds(timestamp: str) -> float:
-    """A log event's time (UTC, as the product writes it) in seconds since the epoch."""
-    return datetime.fromisoformat(timestamp).timestamp()
 
 
 @pytest.mark.emulator
