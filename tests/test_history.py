@@ -13,6 +13,7 @@ import os
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,11 @@ from pipeline.as_of import (
     spark_history_as_of,
     spark_mirrors_as_of,
 )
-from pipeline.history import Histories
+from pipeline.columns import mirror_uri
+from pipeline.history import HISTORY_SINCE, Histories, ensure_history
+from pipeline.mirror import ensure_mirror
+from pipeline.shapes import TableShape
+from runtime.logs import null_logger
 from tests.builders import ACCOUNTS, START, ChangeLog
 from tests.pipeline_runs import configure, run, spark  # noqa: F401
 
@@ -325,3 +330,45 @@ def test_a_change_that_leaves_the_row_as_it_was_adds_no_history_version(
     for row in DeltaTable(uri).to_pyarrow_table().to_pylist():
         versions[row["account_id"]] = versions.get(row["account_id"], 0) + 1
     assert versions == {1: 1, 2: 1, 3: 2}
+
+
+class UntouchedSpark:
+    """A Spark session that fails the test when anything is asked of it."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"Spark was asked for {name!r}")
+
+
+def test_a_history_added_later_begins_with_its_mirror_and_one_beside_an_empty_mirror_reads_none(
+    spark,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A history added to a job whose mirror holds rows begins with them, each a current version
+    valid from its last change, and records from when it holds the table. Beside an empty mirror
+    (every new job's) it is made without a Spark job: reading the empty mirror through Spark cost
+    seconds of each start."""
+    config = configure(tmp_path)
+    changelog = ChangeLog(config.changelog_uri)
+    changelog.commit(*[wire(("INSERT", k, {"owner": f"o{k}", "balance": k}), 0) for k in (1, 2)])
+    changelog.commit(wire(("UPDATE", 2, {"balance": 20}), 0))
+    changelog.land()
+    run(spark, config)
+    with_history = replace(config, history_tables="*", history_root=str(tmp_path / "history"))
+    run(spark, with_history)
+
+    mirror = DeltaTable(mirror_uri(config.mirror_root, "accounts")).to_pyarrow_table().to_pylist()
+    history = DeltaTable(Histories(with_history.history_root, frozenset({"*"})).uri("accounts"))
+    versions = history.to_pyarrow_table().to_pylist()
+    assert sorted((r["account_id"], r["balance"]) for r in versions) == [(1, 1), (2, 20)]
+    assert all(r["_is_current"] and r["_valid_to_text"] is None for r in versions)
+    last_change = {r["account_id"]: r["_cdc_last_applied"]["commit_timestamp_text"] for r in mirror}
+    assert {r["account_id"]: r["_valid_from_text"] for r in versions} == last_change
+    assert history.metadata().configuration.get(HISTORY_SINCE)
+
+    empty_mirror = str(tmp_path / "empty" / "mirror")
+    shape = TableShape("accounts", ACCOUNTS)
+    untouched: Any = UntouchedSpark()
+    ensure_mirror(untouched, empty_mirror, shape, null_logger())
+    made = str(tmp_path / "empty" / "history")
+    ensure_history(untouched, made, shape, empty_mirror, lambda: "", null_logger())
+    assert DeltaTable(made).to_pyarrow_table().num_rows == 0
