@@ -29,6 +29,7 @@ from runtime.storage import jars_dir, spark_config, store_jars
 COMMON_SETTINGS = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
+    "spark.python.daemon.module": "runtime.python_daemon",
     **JIT_SETTINGS,
 }
 

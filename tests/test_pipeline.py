@@ -91,6 +91,26 @@ def test_the_session_s_jvm_compiles_with_c1_only_and_maps_the_class_archive(spar
     assert delta.equals(jvm.java.lang.ClassLoader.getSystemClassLoader()), str(delta)
 
 
+def test_the_session_s_python_workers_import_the_installed_compiled_pyspark(spark) -> None:
+    """Spark's zips of PySpark's sources, first on a worker's path, made every worker compile
+    the modules it imported again (``runtime.python_daemon``): a worker imports the installed
+    package, and no zip or jar of Spark's is left on its path."""
+    import pyspark
+
+    def where(_: object) -> tuple[str, list[str]]:
+        import os
+        import sys
+
+        import pyspark as worker_pyspark
+
+        zipped = [p for p in sys.path if p.endswith((".zip", ".jar")) and os.path.exists(p)]
+        return str(worker_pyspark.__file__), zipped
+
+    [(module, zipped)] = spark.sparkContext.parallelize([0], 1).map(where).collect()
+    assert module == pyspark.__file__
+    assert zipped == []
+
+
 def test_a_python_worker_that_started_late_restarts_the_query_a_bounded_number_of_times(
     tmp_path: Path,
 ) -> None:
