@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import resource
 import subprocess
@@ -28,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from restart_first_batch import ChangeLogWriter
 
 from emulator.machine import machine_line
+from emulator.processes import Process
 from runtime.storage import JARS_VARIABLE, jars_dir
 
 HERE = Path(__file__).resolve().parent.parent
@@ -44,36 +45,38 @@ CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 def start_once(tree: Path, changelog: str, folder: Path) -> dict[str, float | str]:
     """One start from ``tree``: CPU-s, seconds to the query's start and to the first batch."""
     folder.mkdir(parents=True)
-    environment = {
-        **os.environ,
-        JARS_VARIABLE: str(jars_dir().resolve()),
-        "PIPELINE_CHANGELOG_URI": changelog,
-        "PIPELINE_MIRROR_ROOT": str(folder / "mirrors"),
-        "PIPELINE_CHECKPOINT_URI": str(folder / "checkpoint"),
-        "PIPELINE_HISTORY_TABLES": "*",
-        "PIPELINE_HISTORY_ROOT": str(folder / "history"),
-        "PIPELINE_PROCESSORS": "examples.bank:RunningBalance",
-        "PIPELINE_PROCESSOR_ROOT": str(folder / "processors"),
-        "PIPELINE_TRIGGER": "available-now",
-        "PIPELINE_MASTER": "local[2]",
-        "PIPELINE_METRICS_PORT": "0",
-    }
-    log = folder / "pipeline.log"
+    process = Process(
+        ["-m", "pipeline", "run"],
+        folder / "pipeline.log",
+        {
+            JARS_VARIABLE: str(jars_dir().resolve()),
+            "PIPELINE_CHANGELOG_URI": changelog,
+            "PIPELINE_MIRROR_ROOT": str(folder / "mirrors"),
+            "PIPELINE_CHECKPOINT_URI": str(folder / "checkpoint"),
+            "PIPELINE_HISTORY_TABLES": "*",
+            "PIPELINE_HISTORY_ROOT": str(folder / "history"),
+            "PIPELINE_PROCESSORS": "examples.bank:RunningBalance",
+            "PIPELINE_PROCESSOR_ROOT": str(folder / "processors"),
+            "PIPELINE_TRIGGER": "available-now",
+            "PIPELINE_MASTER": "local[2]",
+            "PIPELINE_METRICS_PORT": "0",
+        },
+    )
     started = time.time()
-    with log.open("wb") as output:
+    with process.log.open("wb") as output:
         cpu_s, counted = _run_counted(
             lambda join: subprocess.Popen(
-                [sys.executable, "-m", "pipeline", "run"],
+                process.command(),
                 cwd=tree,
-                env=environment,
+                env=process.env,
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 preexec_fn=join,
             )
         )
-    events = {e["event"]: e for e in _events(log)}
+    events = {e["event"]: e for e in process.events()}
     if "pipeline_batch" not in events:
-        raise SystemExit(f"no batch merged from {tree}: see {log}")
+        raise SystemExit(f"no batch merged from {tree}: see {process.log}")
     return {
         "cpu_s": cpu_s,
         "counted": counted,
@@ -129,12 +132,7 @@ def _wait_until_empty(group: Path) -> None:
     raise SystemExit(f"processes of the start still run after a minute: {group}")
 
 
-def _events(log: Path) -> list[dict[str, object]]:
-    lines = log.read_text(errors="replace").splitlines()
-    return [json.loads(line) for line in lines if line.startswith("{")]
-
-
-def _seconds(event: dict[str, object], started: float) -> float:
+def _seconds(event: dict[str, Any], started: float) -> float:
     from ingest.model.timestamps import NANOS_PER_SECOND, parse_rfc3339
 
     return parse_rfc3339(str(event["timestamp"])) / NANOS_PER_SECOND - started

@@ -120,9 +120,11 @@ def ensure_history(
 
     created = not DeltaTable.is_deltatable(uri, storage_options=delta_storage_options(uri))
     ensure_mirror(spark, uri, shape, log, history_struct(shape))
-    if not created or not _holds_rows(spark, mirror):
+    if not created or not _has_data_files(mirror):
         return
     rows = spark.read.format("delta").load(mirror)
+    if rows.limit(1).count() == 0:
+        return
     begins = since()
     fields = [f.name for f in shape.struct().fields]
     text = F.col(f"{POSITION_COLUMN}.commit_timestamp_text")
@@ -140,15 +142,13 @@ def ensure_history(
     log.info("history_created_from_mirror", table=shape.name, since=begins)
 
 
-def _holds_rows(spark: SparkSession, mirror: str) -> bool:
-    """Whether a mirror holds a row. One of no data files holds none, read from its log without
-    a Spark job (a new job's histories are made beside mirrors made a moment before, and a
-    Spark read there cost seconds of every start); otherwise Spark looks for one row."""
+def _has_data_files(mirror: str) -> bool:
+    """Whether a mirror's Delta log lists a data file, read without a Spark job: a new job's
+    histories are made beside mirrors made a moment before, and reading one through Spark to
+    find it empty cost seconds of every start."""
     from deltalake import DeltaTable
 
-    if not DeltaTable(mirror, storage_options=delta_storage_options(mirror)).file_uris():
-        return False
-    return spark.read.format("delta").load(mirror).limit(1).count() > 0
+    return bool(DeltaTable(mirror, storage_options=delta_storage_options(mirror)).file_uris())
 
 
 def mirrors_reached(changelog_uri: str, mirror_root: str) -> str:
