@@ -12,6 +12,9 @@ from google.cloud import spanner
 from google.cloud.spanner_v1.database import Database
 
 from ingest.changestream import query
+from ingest.changestream.watched_columns import read_column_defaults, read_watched_columns
+from ingest.model.records import WatchedColumns
+from ingest.model.timestamps import Nanos
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,14 @@ class OpenedStream:
 
     def version_retention(self) -> int:
         return query.version_retention(self.database)
+
+    def watched_columns(self, read_timestamp: Nanos) -> WatchedColumns:
+        """The stream's watched tables and columns as of exactly ``read_timestamp``."""
+        return read_watched_columns(self.database, self.stream, self.dialect, read_timestamp)
+
+    def column_defaults(self, read_timestamp: Nanos) -> set[tuple[str, str]]:
+        """(table, column) of each column with a DEFAULT as of exactly ``read_timestamp``."""
+        return read_column_defaults(self.database, read_timestamp)
 
 
 def open_stream(

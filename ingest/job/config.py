@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ingest.changestream.opening import StreamAddress
 from ingest.changestream.query import (
     MAX_HEARTBEAT_MS,
     MIN_HEARTBEAT_MS,
@@ -110,6 +111,13 @@ class JobConfig:
     @property
     def effective_job_id(self) -> str:
         return self.job_id or f"{self.database}.{self.stream}"
+
+    @property
+    def address(self) -> StreamAddress:
+        """The job's change stream and how its partitions are queried."""
+        return StreamAddress(
+            self.project, self.instance, self.database, self.stream, self.dialect, self.heartbeat_ms
+        )
 
 
 def load(environ: Mapping[str, str] | None = None, file: str | None = None) -> JobConfig:

@@ -1,5 +1,6 @@
-"""The snapshot's window: what Spanner keeps at its T0 (refused once out of reach), the deadline
-it must finish by, and the rows it is expected to read."""
+"""The snapshot's window: a new job's snapshot begun (refused when T0 is out of reach or it could
+not finish within what Spanner keeps), what Spanner keeps at its T0 while it runs (refused once out
+of reach), the deadline it must finish by, and the rows it is expected to read."""
 
 from __future__ import annotations
 
@@ -11,9 +12,15 @@ from dataclasses import dataclass
 from ingest.changestream import query
 from ingest.changestream.opening import OpenedStream
 from ingest.job.config import JobConfig
+from ingest.model.records import WatchedColumns
 from ingest.model.snapshot import SnapshotProgress
 from ingest.model.timestamps import Nanos, to_rfc3339
-from ingest.snapshot.reach import Retention, SnapshotOutOfReach, check_reachable
+from ingest.snapshot.reach import (
+    Retention,
+    SnapshotOutOfReach,
+    check_fits_retention,
+    check_reachable,
+)
 from ingest.snapshot.reader import count_rows
 from runtime.logs import Logger
 
@@ -43,6 +50,24 @@ class SnapshotWindow:
             except SnapshotOutOfReach as out_of_reach:
                 raise out_of_reach from error
             raise
+
+
+def begin_snapshot(
+    opened: OpenedStream, config: JobConfig, read_at: Nanos, now: Nanos, log: Logger
+) -> tuple[SnapshotProgress, WatchedColumns, dict[str, int] | None]:
+    """A new job's snapshot at T0 ``read_at``, with the tables the stream watches then and their
+    rows (when counted); refused at once if T0 is out of reach or the snapshot could not finish
+    within what Spanner keeps."""
+    retention = retention_of(opened)
+    check_reachable(read_at, now, retention.version_retention)
+    watched = opened.watched_columns(read_at)
+    snapshot = SnapshotProgress.begin(read_at, list(watched))
+    rows = table_rows(opened, config, snapshot)
+    if rows is not None:
+        expected = sum(rows.values())
+        end = check_fits_retention(read_at, expected, config.snapshot_rows_per_s, retention)
+        log.info("snapshot_estimated", rows=expected, expected_end=to_rfc3339(end))
+    return snapshot, watched, rows
 
 
 def open_snapshot(

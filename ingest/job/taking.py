@@ -5,25 +5,22 @@ what its first commit recorded. And handing it over at a clean stop."""
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from dataclasses import dataclass
 
 from ingest.changestream import query
-from ingest.changestream.opening import OpenedStream, StreamAddress, open_stream
-from ingest.changestream.watched_columns import read_column_defaults, read_watched_columns
+from ingest.changestream.opening import OpenedStream, open_stream
 from ingest.contract.changelog import Checkpoint
 from ingest.delta.landing import ChangeLogLanding, WatchedColumnsPoll
 from ingest.delta.lease import start_moved, wait_for_lease
 from ingest.delta.schema_rows import landed_watched_columns
 from ingest.delta.sink import DeltaChangeLogSink
 from ingest.job.config import JobConfig
-from ingest.job.snapshot_window import retention_of, table_rows
+from ingest.job.snapshot_window import begin_snapshot
 from ingest.model.resume import ResumePoint, start_point
 from ingest.model.snapshot import SnapshotMode, SnapshotProgress
 from ingest.model.timestamps import to_rfc3339
-from ingest.snapshot.reach import check_fits_retention, check_reachable
 from runtime.logs import Logger
 
 
@@ -47,11 +44,11 @@ class TakenJob:
         retention for the alert."""
         opened = self.opened
         watched = WatchedColumnsPoll(
-            functools.partial(read_watched_columns, opened.database, config.stream, opened.dialect),
+            opened.watched_columns,
             config.watched_columns_interval_s,
             self.log,
             known_columns=landed_watched_columns(self.sink.table()),
-            read_defaults=functools.partial(read_column_defaults, opened.database),
+            read_defaults=opened.column_defaults,
         )
         return ChangeLogLanding(self.sink, watched, self.log, opened.info.retention_nanos)
 
@@ -62,16 +59,7 @@ def take_job(config: JobConfig, owner: str, log: Logger, stop: threading.Event) 
     checkpoint; a new job records its start (and its snapshot's T0 and tables), a resumed one
     keeps what its first commit recorded. None when stopped while standing by."""
     log = log.bind(job_id=config.effective_job_id, owner=owner)
-    opened = open_stream(
-        StreamAddress(
-            config.project,
-            config.instance,
-            config.database,
-            config.stream,
-            config.dialect,
-            config.heartbeat_ms,
-        )
-    )
+    opened = open_stream(config.address)
     sink = DeltaChangeLogSink(config.table_uri, config.effective_job_id, owner, log=log)
     checkpoint = wait_for_lease(sink, owner, config.lease_s, log, stop)
     if stop.is_set():
@@ -95,20 +83,9 @@ def start_job(
     start = query.validate_start(config.start_timestamp or now, now, opened.info)
     opened.query().check_readable_from(start)
     resume = start_point(start)
-    snapshot = None
-    rows = None
-    watched = None
+    snapshot = rows = watched = None
     if SnapshotMode(config.snapshot_mode) is not SnapshotMode.NEVER:
-        read_at = resume.low_watermark
-        retention = retention_of(opened)
-        check_reachable(read_at, now, retention.version_retention)
-        watched = read_watched_columns(opened.database, config.stream, opened.dialect, read_at)
-        snapshot = SnapshotProgress.begin(read_at, list(watched))
-        rows = table_rows(opened, config, snapshot)
-        if rows is not None:
-            expected = sum(rows.values())
-            end = check_fits_retention(read_at, expected, config.snapshot_rows_per_s, retention)
-            log.info("snapshot_estimated", rows=expected, expected_end=to_rfc3339(end))
+        snapshot, watched, rows = begin_snapshot(opened, config, resume.low_watermark, now, log)
     sink.start_job(start, snapshot, watched)
     log.info(
         "job_started",

@@ -24,7 +24,6 @@ from ingest.changestream import query
 from ingest.changestream.config import reader_config
 from ingest.changestream.opening import OpenedStream
 from ingest.changestream.reader import ChangeStreamReader
-from ingest.changestream.watched_columns import read_watched_columns
 from ingest.delta.absent_keys import absent_keys, deleted_after, keys_of_earlier_jobs
 from ingest.delta.batcher import Batcher
 from ingest.delta.sink import DeltaChangeLogSink
@@ -186,7 +185,7 @@ def _table_snapshots(
     table_snapshots = TableSnapshots(
         sink,
         _table_reader(opened.database, config),
-        functools.partial(read_watched_columns, opened.database, config.stream, opened.dialect),
+        opened.watched_columns,
         lambda table, at, found: absent_keys(_changelog(sink), table, at, found),
         lambda table, at: deleted_after(_changelog(sink), table, at),
         opened.version_retention,
@@ -213,9 +212,7 @@ def snapshot_tables(
     read that fails past that deadline says so. ``table_rows``: its rows at T0 per table, when
     the job's start just counted them (a resumed job counts them here)."""
     window = open_snapshot(opened, config, progress, table_rows, log)
-    columns = read_watched_columns(
-        opened.database, config.stream, opened.dialect, progress.read_timestamp
-    )
+    columns = opened.watched_columns(progress.read_timestamp)
     with window.out_of_reach_named():
         return run_snapshot(
             sink,

@@ -22,7 +22,6 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from ingest.changestream import query
 from ingest.changestream.opening import OpenedStream
-from ingest.changestream.watched_columns import read_watched_columns
 from ingest.contract.changelog import (
     column_types_json,
     key_from_json,
@@ -230,7 +229,7 @@ def snapshot_in_tasks(
     read_at = progress.read_timestamp
     window = open_snapshot(opened, config, progress, table_rows, log, tasks=settings.tasks)
     postgresql = opened.dialect is query.Dialect.POSTGRESQL
-    columns = read_watched_columns(opened.database, config.stream, opened.dialect, read_at)
+    columns = opened.watched_columns(read_at)
     part_settings = PartSettings(
         settings.tasks, settings.most_parts, expected_rows=window.expected, deadline=window.deadline
     )
