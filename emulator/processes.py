@@ -70,10 +70,16 @@ class Process:
         process: subprocess.Popen[bytes] | None = None,
         where: Callable[[dict[str, Any]], bool] = lambda _: True,
     ) -> None:
-        """Until the log holds ``count`` such events (signals before it race startup)."""
-        deadline = time.monotonic() + timeout
-        while sum(e["event"] == event and where(e) for e in self.events()) < count:
-            assert time.monotonic() < deadline, f"no {event} #{count} in {timeout} s: {self.log}"
+        """Until the log holds ``count`` such events (signals before it race startup). Fails
+        when ``timeout`` seconds pass without one more of them: a loaded machine whose process
+        keeps logging them is waited on, a process that stopped is not."""
+        found, moved = 0, time.monotonic()
+        while (now := sum(e["event"] == event and where(e) for e in self.events())) < count:
+            if now > found:
+                found, moved = now, time.monotonic()
+            assert time.monotonic() - moved < timeout, (
+                f"no {event} #{count}: {found} so far, none for {timeout} s: {self.log}"
+            )
             if process is not None and process.poll() is not None:
                 tail = self.log.read_text(errors="replace")[-3000:]
                 raise AssertionError(f"exited {process.returncode} before {event}:\n{tail}")

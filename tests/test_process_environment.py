@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from structlog.testing import CapturingLogger
@@ -110,6 +111,33 @@ def test_a_growing_log_is_read_line_by_line_once_and_a_line_in_progress_waits(
     assert process.count("c") == 1
     log.write_bytes(b'{"event": "d"}\n')
     assert [e["event"] for e in process.events()] == ["d"]
+
+
+def test_a_wait_for_events_fails_only_when_they_stop_coming(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wait for many events is a wait on progress: one that comes every 40 s of a clock is
+    waited on past its 60 s timeout, and the wait fails 60 s after the last one, saying how
+    many came."""
+    log = tmp_path / "pipeline.log"
+    process = Process(["-m", "pipeline", "run"], log, {})
+    clock = {"now": 0.0}
+
+    def sleep(seconds: float) -> None:
+        clock["now"] += seconds
+        logged = process.count("pipeline_batch")
+        if logged < 5 and clock["now"] >= 40 * (logged + 1):
+            with log.open("a") as out:
+                out.write('{"event": "pipeline_batch"}\n')
+
+    monkeypatch.setattr(
+        "emulator.processes.time", SimpleNamespace(monotonic=lambda: clock["now"], sleep=sleep)
+    )
+    process.wait_for("pipeline_batch", 5, timeout=60)
+    assert clock["now"] >= 200
+    with pytest.raises(AssertionError, match="5 so far, none for 60 s") as stopped:
+        process.wait_for("pipeline_batch", 6, timeout=60)
+    assert 260 <= clock["now"] <= 261, stopped.value
 
 
 STOPS = """
