@@ -83,8 +83,12 @@ def tail_while_committing(
             except api_exceptions.GoogleAPICallError as error:
                 raise workload_failure(database, error) from error
             seconds = time.monotonic() - began
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and len(read_json_lines(out)) < len(committed):
+            printed, moved = 0, time.monotonic()  # wait while lines come, at most 60 s apart
+            while (now := len(read_json_lines(out))) < len(committed):
+                if now > printed:
+                    printed, moved = now, time.monotonic()
+                if time.monotonic() - moved > 60:
+                    break
                 time.sleep(0.5)
             time.sleep(2)  # anything printed beyond the committed transactions would show now
             process.send_signal(signal.SIGTERM)
