@@ -5,10 +5,11 @@ end-to-end figures above about 40/s on two cores measure the emulator. Here the 
 the tests' scripted gRPC server in a process of its own, in real time (each record served once
 the wall clock reaches its commit timestamp, heartbeats in silences), through the real client:
 
-- ingest, in this process: the reader, the Batcher and the Delta sink, wired and configured as
-  ``make run`` configures the service (flush latency 500 ms, checkpoint every 5 s); the
-  service's catalog queries (dialect, stream, watched columns) are left out, as the scripted
-  server does not serve ``information_schema``;
+- ingest, in a process of its own (this script with ``--ingest``): the reader, the Batcher and
+  the Delta sink, wired and configured as ``make run`` configures the service (flush latency
+  500 ms, checkpoint every 5 s); the service's catalog queries (dialect, stream, watched
+  columns) are left out, as the scripted server does not serve ``information_schema``, and the
+  table's watched columns are the records' own;
 - the pipeline: ``python -m pipeline run`` in a process of its own, as ``make run`` starts it.
 
 The job begins as a job the service starts does, with a schema row of its table in its first
