@@ -73,17 +73,44 @@ class Process:
         """Until the log holds ``count`` such events (signals before it race startup). Fails
         when ``timeout`` seconds pass without one more of them: a loaded machine whose process
         keeps logging them is waited on, a process that stopped is not."""
-        found, moved = 0, time.monotonic()
-        while (now := sum(e["event"] == event and where(e) for e in self.events())) < count:
-            if now > found:
-                found, moved = now, time.monotonic()
-            assert time.monotonic() - moved < timeout, (
-                f"no {event} #{count}: {found} so far, none for {timeout} s: {self.log}"
-            )
+
+        def exited() -> None:
             if process is not None and process.poll() is not None:
                 tail = self.log.read_text(errors="replace")[-3000:]
                 raise AssertionError(f"exited {process.returncode} before {event}:\n{tail}")
-            time.sleep(0.2)
+
+        found = wait_on_progress(
+            lambda: sum(e["event"] == event and where(e) for e in self.events()),
+            count,
+            timeout,
+            0.2,
+            exited,
+        )
+        assert found >= count, (
+            f"no {event} #{count}: {found} so far, none for {timeout} s: {self.log}"
+        )
+
+
+def wait_on_progress(
+    progress: Callable[[], int],
+    target: int,
+    still_s: float,
+    poll_s: float,
+    check: Callable[[], None] = lambda: None,
+) -> int:
+    """Poll ``progress`` (a count that only grows: events logged, transactions landed) until it
+    reaches ``target`` or stands still for ``still_s`` seconds, calling ``check`` at each poll;
+    the last count, below ``target`` only when it stood still. A wait on what a test can see
+    move, not on the wall clock."""
+    reached, moved = progress(), time.monotonic()
+    while reached < target:
+        if time.monotonic() - moved > still_s:
+            break
+        check()
+        time.sleep(poll_s)
+        if (now := progress()) > reached:
+            reached, moved = now, time.monotonic()
+    return reached
 
 
 def process_tree(pid: int) -> Iterator[int]:

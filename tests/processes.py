@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from emulator.processes import Process
+from emulator.processes import Process, wait_on_progress
 from emulator.verify import landed_transactions
 from emulator.workload import CommittedTransaction, Workload, WorkloadConfig
 from ingest.model.timestamps import Nanos, to_rfc3339
@@ -166,19 +166,14 @@ def wait_until_landed(
     the figures, and with ``service``, which of the emulator and the product stopped, or with
     ``committed`` too, the transactions missing behind the change log's W: ``tests.stalls``).
     A slow, loaded machine that keeps landing is waited on."""
-    landed, moved = landed_transactions(str(table)), time.monotonic()
-    while landed < transactions:
-        if time.monotonic() - moved > timeout:
-            figures = f"{landed} of {transactions} landed, none for {timeout:.0f} s"
-            if service is None:
-                raise AssertionError(figures)
-            from tests.stalls import triage
+    landed = wait_on_progress(lambda: landed_transactions(str(table)), transactions, timeout, 0.5)
+    if landed < transactions:
+        figures = f"{landed} of {transactions} landed, none for {timeout:.0f} s"
+        if service is None:
+            raise AssertionError(figures)
+        from tests.stalls import triage
 
-            raise triage(service, figures, str(table), committed)
-        time.sleep(0.5)
-        now = landed_transactions(str(table))
-        if now > landed:
-            landed, moved = now, time.monotonic()
+        raise triage(service, figures, str(table), committed)
 
 
 def background_workload(

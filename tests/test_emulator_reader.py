@@ -16,6 +16,7 @@ import pytest
 from google.api_core import exceptions as api_exceptions
 
 from emulator.omissions import REPORT_PROPERTY, Omission, classify, reread_commits
+from emulator.processes import wait_on_progress
 from emulator.workload import Workload, WorkloadConfig
 from ingest.changestream.query import ChangeStreamQuery, Dialect, partition_ended_before
 from ingest.model.records import ChildPartitionsRecord
@@ -83,13 +84,7 @@ def tail_while_committing(
             except api_exceptions.GoogleAPICallError as error:
                 raise workload_failure(database, error) from error
             seconds = time.monotonic() - began
-            printed, moved = 0, time.monotonic()  # wait while lines come, at most 60 s apart
-            while (now := len(read_json_lines(out))) < len(committed):
-                if now > printed:
-                    printed, moved = now, time.monotonic()
-                if time.monotonic() - moved > 60:
-                    break
-                time.sleep(0.5)
+            wait_on_progress(lambda: len(read_json_lines(out)), len(committed), 60, 0.5)
             time.sleep(2)  # anything printed beyond the committed transactions would show now
             process.send_signal(signal.SIGTERM)
             returncode = process.wait(timeout=30)
