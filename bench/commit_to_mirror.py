@@ -77,6 +77,8 @@ WARMUP_RATE = 5.0
 """Transactions/s of the warm-up: its batches carry no backlog."""
 TABLE = production_record(0, 10)
 """The table the transactions insert into: its name and columns."""
+JOB, OWNER = "bench", "owner"
+"""The job ``begin_job`` begins and the ingest process continues, as its lease's one owner."""
 FLUSH_LATENCY_S = 0.5
 CHECKPOINT_INTERVAL_S = 5.0
 """As ``make run`` configures the service (emulator/local_run.py)."""
@@ -122,7 +124,7 @@ def inserting_topology(
 def begin_job(changelog: str) -> None:
     """The job's first version, as the service lands it for a new job: its start and a schema
     row of the captured table, so the pipeline knows the table before its first row."""
-    sink = DeltaChangeLogSink(changelog, "bench", "owner")
+    sink = DeltaChangeLogSink(changelog, JOB, OWNER)
     sink.start_job(time.time_ns(), None, {TABLE.table_name: TABLE.column_types})
 
 
@@ -131,7 +133,7 @@ def ingest(port: int, changelog: str, start: Nanos) -> None:
     ``begin_job`` began and reading from ``start``: the reader, the Batcher and the sink as the
     service wires them; its events (``delta_commit``) as JSON lines on stdout."""
     log = make_logger(sys.stdout)
-    sink = DeltaChangeLogSink(changelog, "bench", "owner", log=log)
+    sink = DeltaChangeLogSink(changelog, JOB, OWNER, log=log)
     sink.continue_after(sink.latest_checkpoint())
     landing = ChangeLogLanding(
         sink, WatchedColumnsPoll(None, 10.0, log), log, 86400 * NANOS_PER_SECOND
