@@ -32,8 +32,8 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
         r"^20\t\d+\t(\d+)\t\1\t\d+\t[\d.]+\t[\d.]+/[\d.]+\t",
     ),
     "microbatch_cpu.py": (
-        ["--warmup", "2", "--versions", "3", "--checkpoint-every", "10"],
-        r"^10\t[1-9]\d*\t[\d.]+\t[\d.]+\t[\d.]+\t[\d.]+$",
+        ["--warmup", "2", "--versions", "3", "--checkpoint-every", "10", "--checksums", "on"],
+        r"^10\ton\t[1-9]\d*\t[\d.]+\t[\d.]+\t[\d.]+\t[\d.]+\t[\d.]+\t\d+%$",
     ),
     "microbatch_profile.py": (
         ["--versions", "3", "--keys", "100", "--rows-per-version", "50", "--event-log"],

@@ -177,6 +177,13 @@ def test_of_two_ingest_writers_racing_every_commit_one_lands_and_the_other_is_fe
     table = DeltaTable(uri)
     assert table.transaction_version("job") == 4
     assert table.to_pyarrow_table().num_rows == 4 * 2
+    log = f"{uri}/_delta_log"
+    missing = [
+        v
+        for v in range(table.version() + 1)
+        if ConditionalObject(log, f"{v:020d}.crc").read() is None
+    ]
+    assert not missing, f"versions without a checksum: {missing}"
 
 
 def test_the_environment_alone_configures_every_client_for_s3() -> None:

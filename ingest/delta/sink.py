@@ -33,6 +33,7 @@ from ingest.contract.changelog import (
     to_json,
 )
 from ingest.delta import changelog
+from ingest.delta.version_checksum import write_version_checksum
 from ingest.model.records import ColumnType
 from ingest.model.records import Transaction as SpannerTransaction
 from ingest.model.resume import ResumePoint, start_point
@@ -67,6 +68,9 @@ class Maintenance:
     """Delta log checkpoint every N table versions, so readers never replay a long JSON log."""
     compact_every: int = 500
     """Compaction of small files every N table versions (dataChange=false: streams skip it)."""
+    version_checksums: bool = True
+    """A checksum beside each version the sink makes, so Spark readers take the protocol and
+    metadata from it instead of a job (``ingest.delta.version_checksum``)."""
 
 
 class DeltaChangeLogSink:
@@ -307,6 +311,7 @@ class DeltaChangeLogSink:
         table = self.table()
         delta_version = table.version() if table is not None else None
         if table is not None and not replayed:
+            self._add_checksum(table)
             self._maintain(table)
         return CommitResult(version, delta_version, row_count, transactions, replayed)
 
@@ -344,6 +349,10 @@ class DeltaChangeLogSink:
         )
         return False
 
+    def _add_checksum(self, table: DeltaTable) -> None:
+        if self._maintenance.version_checksums:
+            write_version_checksum(table, self._uri, self._log)
+
     def _maintain(self, table: DeltaTable) -> None:
         delta_version = table.version()
         if delta_version and delta_version % self._maintenance.compact_every == 0:
@@ -354,6 +363,7 @@ class DeltaChangeLogSink:
                 files_removed=metrics.get("numFilesRemoved"),
             )
             table = self.table() or table
+            self._add_checksum(table)
         if delta_version and delta_version % self._maintenance.log_checkpoint_every == 0:
             table.create_checkpoint()
             self._log.info("delta_log_checkpoint", delta_version=table.version())
