@@ -12,7 +12,12 @@ where the machine lets this process make one (cgroup v1's cpuacct), else only wh
 processes waited for spent (a JVM that outlives its Python parent is missed; the column says
 which).
 
+``--checksums on,off`` runs each checkout on the change log as the sink wrote it and on a copy
+without its version checksums (``ingest.delta.version_checksum``: the same versions and files),
+where Spark finds each snapshot's protocol and metadata by a job instead.
+
 Usage: python bench/pipeline_start.py [--versions 20] [--keys 2000] [--runs 3] [--trees DIR,...]
+       [--checksums on]
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import functools
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -138,12 +144,20 @@ def _seconds(event: dict[str, Any], started: float) -> float:
     return parse_rfc3339(str(event["timestamp"])) / NANOS_PER_SECOND - started
 
 
+def without_checksums(changelog: Path) -> Path:
+    """A copy of ``changelog`` less its version checksums."""
+    copy = changelog.with_name(changelog.name + "-without-checksums")
+    shutil.copytree(changelog, copy, ignore=shutil.ignore_patterns("*.crc"))
+    return copy
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--versions", type=int, default=20)
     parser.add_argument("--keys", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--trees", default=str(HERE), help="checkouts, comma-separated")
+    parser.add_argument("--checksums", default="on", help="on, off or both, in turn")
     args = parser.parse_args(argv)
     trees = [Path(t).resolve() for t in args.trees.split(",")]
     folder = Path(tempfile.mkdtemp(prefix="pipeline-start-"))
@@ -151,21 +165,24 @@ def main(argv: list[str] | None = None) -> int:
     writer.land(range(args.keys), "INSERT")
     for version in range(1, args.versions):
         writer.land(range(version % 7, args.keys, 7), "UPDATE")
+    changelogs = {"on": folder / "changelog", "off": without_checksums(folder / "changelog")}
     print(
         machine_line(
             f"{args.versions} change-log versions over {args.keys} keys; python -m pipeline run "
             "(available-now, local[2], histories of every table, examples.bank:RunningBalance)"
         )
     )
-    print("run\ttree\tCPU s\tcounted\tquery started s\tfirst batch s")
+    print("run\ttree\tchecksums\tCPU s\tcounted\tquery started s\tfirst batch s")
     for run in range(args.runs):
         for index, tree in enumerate(trees):
-            result = start_once(tree, str(folder / "changelog"), folder / f"{run}-{index}")
-            print(
-                f"{run}\t{tree.name}\t{result['cpu_s']:.1f}\t{result['counted']}\t"
-                f"{result['query_s']:.1f}\t{result['batch_s']:.1f}",
-                flush=True,
-            )
+            for checksums in args.checksums.split(","):
+                where = folder / f"{run}-{index}-{checksums}"
+                result = start_once(tree, str(changelogs[checksums]), where)
+                print(
+                    f"{run}\t{tree.name}\t{checksums}\t{result['cpu_s']:.1f}\t"
+                    f"{result['counted']}\t{result['query_s']:.1f}\t{result['batch_s']:.1f}",
+                    flush=True,
+                )
     print(f'{{"work": "{folder}"}}')
     return 0
 

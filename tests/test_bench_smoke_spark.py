@@ -47,7 +47,7 @@ SPARK_SCRIPTS: dict[str, tuple[list[str], str]] = {
     "spark_run_starts.py": (["--starts", "1", "--load", "0", "--signal", "INT"], r"^1\t1\t0$"),
     "pipeline_start.py": (
         ["--versions", "2", "--keys", "100", "--runs", "1"],
-        r"^0\t\S+\t[\d.]+\t(cgroup|waited-for only)\t[\d.]+\t[\d.]+$",
+        r"^0\t\S+\ton\t[\d.]+\t(cgroup|waited-for only)\t[\d.]+\t[\d.]+$",
     ),
     "restart_first_batch.py": (
         ["--keys", "200", "--restarts", "1"],
