@@ -70,13 +70,19 @@ def test_a_second_writer_is_fenced(tmp_path: Path) -> None:
     assert DeltaTable(uri).transaction_version("job") == 2
 
 
-def test_maintenance_never_changes_what_was_landed(tmp_path: Path) -> None:
-    uri = str(tmp_path / "t")
-    sink = DeltaChangeLogSink(uri, "job", "owner", maintenance=Maintenance(3, 5))
+def land_commits(uri: str, maintenance: Maintenance, commits: int) -> DeltaChangeLogSink:
+    """A sink that landed ``commits`` commits of two transactions each, maintaining as told."""
+    sink = DeltaChangeLogSink(uri, "job", "owner", maintenance=maintenance)
     sink.continue_after(None)
-    for n in range(12):
+    for n in range(commits):
         base = COMMIT + n * 10**6
         sink.commit(transactions(2, base), point(base + 5000))
+    return sink
+
+
+def test_maintenance_never_changes_what_was_landed(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    sink = land_commits(uri, Maintenance(3, 5), 12)
     table = DeltaTable(uri)
     assert table.transaction_version("job") == 12
     assert table.to_pyarrow_table().num_rows == 12 * 2 * 2
@@ -120,11 +126,7 @@ def test_spark_takes_each_version_s_protocol_and_metadata_from_a_checksum_that_v
     it instead of running a job for the protocol and metadata, and its own state reconstruction
     of each version agrees with it field by field (it stops a Spark writer on a mismatch)."""
     uri = str(tmp_path / "t")
-    sink = DeltaChangeLogSink(uri, "job", "owner", maintenance=Maintenance(3, 4))
-    sink.continue_after(None)
-    for n in range(9):
-        base = COMMIT + n * 10**6
-        sink.commit(transactions(2, base), point(base + 5000))
+    land_commits(uri, Maintenance(3, 4), 9)
     latest = DeltaTable(uri).version()
     checksums = sorted(p.name for p in (tmp_path / "t" / "_delta_log").glob("*.crc"))
     assert checksums == [f"{v:020d}.crc" for v in range(latest + 1)]
