@@ -165,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     writer.land(range(args.keys), "INSERT")
     for version in range(1, args.versions):
         writer.land(range(version % 7, args.keys, 7), "UPDATE")
-    changelogs = {"on": folder / "changelog", "off": without_checksums(folder / "changelog")}
+    settings = args.checksums.split(",")
+    changelogs = {"on": folder / "changelog"}
+    if "off" in settings:
+        changelogs["off"] = without_checksums(folder / "changelog")
     print(
         machine_line(
             f"{args.versions} change-log versions over {args.keys} keys; python -m pipeline run "
@@ -175,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     print("run\ttree\tchecksums\tCPU s\tcounted\tquery started s\tfirst batch s")
     for run in range(args.runs):
         for index, tree in enumerate(trees):
-            for checksums in args.checksums.split(","):
+            for checksums in settings:
                 where = folder / f"{run}-{index}-{checksums}"
                 result = start_once(tree, str(changelogs[checksums]), where)
                 print(
