@@ -80,8 +80,9 @@ def _append(uri: str, applied: AppliedBatch, app_id: str) -> None:
     try:
         if holds_batch(DeltaTable(uri, storage_options=options), app_id, applied.batch_id):
             return
+        creates_table = False
     except TableNotFoundError:
-        pass
+        creates_table = True
     row = {
         "batch_id": applied.batch_id,
         "generation": applied.generation,
@@ -97,7 +98,7 @@ def _append(uri: str, applied: AppliedBatch, app_id: str) -> None:
         pa.Table.from_pylist([row], schema=SCHEMA),
         mode="append",
         storage_options=options,
-        commit_properties=commit_properties(app_id, applied.batch_id, None),
+        commit_properties=commit_properties(app_id, applied.batch_id, None, creates_table),
     )
 
 

@@ -191,13 +191,20 @@ def holds_batch(table: Any, app_id: str, batch_id: int) -> bool:
     return done is not None and done >= batch_id
 
 
-def commit_properties(app_id: str, batch_id: int, metadata: Mapping[str, str] | None) -> Any:
-    """delta-rs's commit of a batch: its ``txn`` and ``metadata`` in the commit info."""
+def commit_properties(
+    app_id: str, batch_id: int, metadata: Mapping[str, str] | None, creates_table: bool = False
+) -> Any:
+    """delta-rs's commit of a batch: its ``txn`` and ``metadata`` in the commit info.
+
+    A commit that creates the table gets no retry inside delta-rs, which would commit again at
+    version 1 without checking ``txn`` when version 0 exists (its own, its answer lost): the
+    caller's retry finds the batch held instead (``ingest.delta.sink`` does the same)."""
     from deltalake import CommitProperties, Transaction
 
     return CommitProperties(
         app_transactions=[Transaction(app_id, batch_id)],
         custom_metadata=dict(metadata or {}),
+        max_commit_retries=0 if creates_table else None,
     )
 
 

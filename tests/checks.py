@@ -42,6 +42,7 @@ def crash_seed() -> tuple[int, random.Random]:
     """The seed of a test's random kills and pauses, and its generator: ``CRASH_TEST_SEED``
     replays the run a failure names."""
     seed = int(os.environ.get("CRASH_TEST_SEED", time.time_ns() % 100_000))
+    print(f"CRASH_TEST_SEED={seed}")  # in a failure's captured output, to replay the run
     return seed, random.Random(seed)
 
 

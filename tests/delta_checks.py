@@ -89,6 +89,25 @@ def late_landings(table: Path | str) -> list[str]:
     return list(said.values())
 
 
+def describe_job_versions(appends: list[Version]) -> str:
+    """Where the job's versions leave 1, 2, 3, ...: each Delta version from the first wrong one
+    on, with the job version, owner and commit time its checkpoint carries (at most twenty)."""
+    wrong = next(
+        (i for i, v in enumerate(appends) if v.checkpoint is None or v.checkpoint.version != i + 1),
+        len(appends),
+    )
+    said = [
+        f"Delta {v.number}: "
+        + (
+            f"job v{v.checkpoint.version} by {v.checkpoint.owner} at {v.checkpoint.committed_at}"
+            if v.checkpoint
+            else "no checkpoint"
+        )
+        for v in appends[max(0, wrong - 3) : wrong + 17]
+    ]
+    return f"{len(appends)} appends, first wrong at #{wrong + 1}; " + "; ".join(said)
+
+
 def assert_change_log_invariants(
     table: Path | str,
     committed: list[CommittedTransaction],
@@ -101,9 +120,11 @@ def assert_change_log_invariants(
     once too."""
     versions = read_versions(table)
     appends = [v for v in versions if v.operation == "WRITE"]
-    assert [v.checkpoint.version for v in appends if v.checkpoint] == list(
-        range(1, len(appends) + 1)
-    ), "application transaction versions must be 1, 2, 3, ... with no gap or repeat"
+    job_versions = [v.checkpoint.version if v.checkpoint else None for v in appends]
+    assert job_versions == list(range(1, len(appends) + 1)), (
+        "application transaction versions must be 1, 2, 3, ... with no gap or repeat: "
+        + describe_job_versions(appends)
+    )
 
     seen_in: dict[str, int] = {}
     previous_watermark = None

@@ -23,6 +23,7 @@ from pipeline.state.checkpoint import (
 )
 from runtime.conditional import ConditionalObject, VersionChanged
 from runtime.storage import delta_storage_options
+from tests.delta_checks import describe_job_versions, read_versions
 from tests.object_stores import S3Store, minio
 from tests.store_faults import FaultRates, StoreFaults
 from tests.test_sink import COMMIT, point, transactions
@@ -304,3 +305,48 @@ def test_a_batch_s_own_commit_whose_answer_was_lost_is_recognised_not_failed(
     assert sorted(r["n"] for r in table.to_pyarrow_table().to_pylist()) == sorted(
         [*batches, *(b * 10 for b in batches)]
     )
+
+
+def test_a_first_commit_whose_answer_was_lost_creates_the_table_once(
+    s3: S3Store, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit that creates a table (the change log's, the batch log's) has its answer cut
+    after MinIO took it, and the store's retry of the put is refused. delta-rs, finding its own
+    version 0 there, would commit again at version 1 without checking the ``txn`` (CI saw the
+    change log hold the job's version 1 twice); the writer's own retry finds it landed."""
+    from pipeline import batch_log
+    from runtime.logs import null_logger
+
+    def lose_first_answer() -> StoreFaults:
+        """The first put of a version 0 loses its answer; the store's retry gets its 412."""
+        rates = FaultRates(
+            lost_answer=0.5, methods=("PUT",), path=r"_delta_log/00000000000000000000\.json"
+        )
+        proxy = StoreFaults(s3.endpoint, rates, seed=1).start()
+        request.addfinalizer(proxy.stop)
+        for name, value in s3.environment(proxy.address).items():
+            monkeypatch.setenv(name, value)
+        return proxy
+
+    root = s3.uri(f"test-{uuid.uuid4().hex}")
+    proxy = lose_first_answer()
+    sink = DeltaChangeLogSink(f"{root}/changelog", "job", "owner-a")
+    sink.continue_after(None)
+    results = [
+        sink.commit(transactions(1, COMMIT + n * 10**6), point(COMMIT + n * 10**6 + 9))
+        for n in (1, 2)
+    ]
+    assert proxy.counts["lost_answer"] == 1, proxy.counts
+    assert [r.replayed for r in results] == [True, False], "the first commit's answer was lost"
+    appends = [v for v in read_versions(f"{root}/changelog") if v.operation == "WRITE"]
+    job_versions = [v.checkpoint.version for v in appends if v.checkpoint]
+    assert job_versions == [1, 2], describe_job_versions(appends)
+
+    proxy = lose_first_answer()
+    for batch_id in range(2):
+        applied = batch_log.AppliedBatch(batch_id, 0, batch_id, None, False, None)
+        batch_log.record(root, applied, "job", null_logger())
+    assert proxy.counts["lost_answer"] == 1, proxy.counts
+    log = DeltaTable(batch_log.log_uri(root), storage_options=delta_storage_options(root))
+    assert log.version() == 1, "batch 0 was committed twice (the reader keeps one of them)"
+    assert [b.batch_id for b in batch_log.read(root)] == [0, 1]

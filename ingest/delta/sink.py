@@ -324,7 +324,13 @@ class DeltaChangeLogSink:
         return self.commit([], self._resume_point, lease_released=True)
 
     def _write_once(self, version: int, write: WriteCommit, checkpoint: Checkpoint) -> bool:
-        """Write version n once; True when it had landed already (a retried commit)."""
+        """Write version n once; True when it had landed already (a retried commit).
+
+        The commit that creates the table gets no retry inside delta-rs: when its Delta version 0
+        exists (another writer's, or its own whose answer was lost and whose store retry was
+        refused), delta-rs would commit again at version 1 without checking app transactions,
+        and the job's version 1 would land twice. Here the sink's own retry reads the table and
+        finds the version replayed or fenced."""
         table = self.table()
         landed = table.transaction_version(self._job_id) if table is not None else None
         if landed is not None and landed >= version:
@@ -345,6 +351,7 @@ class DeltaChangeLogSink:
             CommitProperties(
                 app_transactions=[Transaction(self._job_id, version)],
                 custom_metadata={CHECKPOINT_KEY: to_json(checkpoint)},
+                max_commit_retries=0 if table is None else None,
             ),
         )
         return False
