@@ -7,7 +7,10 @@ same code path on both; only the store differs. MinIO runs on loopback on the sa
 its figure holds the store's CPU but no network: a cloud store adds its round trips
 (tens of milliseconds each; a commit takes about four).
 
-Usage: python bench/changelog_commits.py [--seconds 30]
+``--checksums on,off`` runs each store with and without the sink's version checksums
+(``Maintenance.version_checksums``): one put more per commit, the only difference.
+
+Usage: python bench/changelog_commits.py [--seconds 30] [--checksums on,off]
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from emulator.machine import machine_line
 from emulator.object_store import minio
-from ingest.delta.sink import DeltaChangeLogSink
+from ingest.delta.sink import DeltaChangeLogSink, Maintenance
 from tests.test_sink import COMMIT, point, transactions
 
 
-def commits_per_second(uri: str, seconds: float) -> tuple[int, float]:
-    sink = DeltaChangeLogSink(uri, "bench", "bench-owner")
+def commits_per_second(uri: str, seconds: float, checksums: bool) -> tuple[int, float]:
+    maintenance = Maintenance(version_checksums=checksums)
+    sink = DeltaChangeLogSink(uri, "bench", "bench-owner", maintenance=maintenance)
     sink.continue_after(None)
     sink.commit(transactions(1), point(COMMIT + 1))
     landed, began = 0, time.monotonic()
@@ -43,7 +47,9 @@ def commits_per_second(uri: str, seconds: float) -> tuple[int, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--checksums", default="on", help="on, off or on,off")
     args = parser.parse_args(argv)
+    variants = [v.strip() == "on" for v in args.checksums.split(",")]
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
@@ -54,22 +60,24 @@ def main(argv: list[str] | None = None) -> int:
             "MinIO on loopback"
         )
     )
-    print("store\tcommits\tseconds\tcommits/s\tms/commit\tratio to local")
+    print("store\tchecksums\tcommits\tseconds\tcommits/s\tms/commit\tratio to local")
     with minio(work / "minio") as s3:
-        local_rate = None
-        for name, uri, env in (
+        local_rates: dict[bool, float] = {}
+        for name, folder, env in (
             ("local path", str(work / "local"), {}),
             ("s3 (MinIO)", s3.uri("changelog"), s3.environment()),
         ):
             os.environ.update(env)
-            landed, elapsed = commits_per_second(uri, args.seconds)
-            rate = landed / elapsed
-            local_rate = local_rate or rate
-            print(
-                f"{name}\t{landed}\t{elapsed:.1f}\t{rate:.1f}\t{1000 / rate:.1f}\t"
-                f"{rate / local_rate:.2f}",
-                flush=True,
-            )
+            for checksums in variants:
+                uri = f"{folder}-{'on' if checksums else 'off'}"
+                landed, elapsed = commits_per_second(uri, args.seconds, checksums)
+                rate = landed / elapsed
+                local_rates.setdefault(checksums, rate)
+                print(
+                    f"{name}\t{'on' if checksums else 'off'}\t{landed}\t{elapsed:.1f}\t"
+                    f"{rate:.1f}\t{1000 / rate:.1f}\t{rate / local_rates[checksums]:.2f}",
+                    flush=True,
+                )
     return 0
 
 

@@ -20,7 +20,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 SCRIPTS: dict[str, tuple[list[str], str]] = {
     "changelog_commits.py": (
         ["--seconds", "2"],
-        r"^s3 \(MinIO\)\t[1-9]\d*\t[\d.]+\t[\d.]+\t[\d.]+\t[\d.]+$",
+        r"^s3 \(MinIO\)\ton\t[1-9]\d*\t[\d.]+\t[\d.]+\t[\d.]+\t[\d.]+$",
     ),
     "decode_speed.py": (["--records", "200", "--repeats", "1"], r"ratio: \d+\.\d\d"),
     "ingest_ceiling.py": (
