@@ -151,7 +151,8 @@ def test_of_two_ingest_writers_racing_every_commit_one_lands_and_the_other_is_fe
     root: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On S3 every listing of the log is held back half a second, so both writers find the same
-    next version free and both write it: only the store's put-if-absent keeps one of them out."""
+    next version free and both write it: only the store's put-if-absent keeps one of them out.
+    The first round races to create the table, the commit delta-rs checks no conflict on."""
     uri = f"{root}/changelog"
     if root.startswith("s3://"):
         store: S3Store = request.getfixturevalue("s3")
@@ -161,10 +162,7 @@ def test_of_two_ingest_writers_racing_every_commit_one_lands_and_the_other_is_fe
         proxy = StoreFaults(store.endpoint, slow_looks, seed=1).start()
         request.addfinalizer(proxy.stop)
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.address)
-    first = DeltaChangeLogSink(uri, "job", "owner-a")
-    first.continue_after(None)
-    first.commit(transactions(1), point(COMMIT + 1))
-    for round_ in range(1, 4):
+    for round_ in range(4):
         base = COMMIT + round_ * 10**6
         sinks = [DeltaChangeLogSink(uri, "job", f"racer-{round_}-{i}") for i in range(2)]
         for sink in sinks:
