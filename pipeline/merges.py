@@ -33,7 +33,7 @@ from tenacity import (
 
 from pipeline.shapes import TableShape
 from runtime.logs import Logger
-from runtime.storage import delta_storage_options
+from runtime.storage import delta_commit_retries, delta_storage_options
 
 R = TypeVar("R")
 RETRYABLE_CONFLICTS = (
@@ -194,17 +194,14 @@ def holds_batch(table: Any, app_id: str, batch_id: int) -> bool:
 def commit_properties(
     app_id: str, batch_id: int, metadata: Mapping[str, str] | None, creates_table: bool = False
 ) -> Any:
-    """delta-rs's commit of a batch: its ``txn`` and ``metadata`` in the commit info.
-
-    A commit that creates the table gets no retry inside delta-rs, which would commit again at
-    version 1 without checking ``txn`` when version 0 exists (its own, its answer lost): the
-    caller's retry finds the batch held instead (``ingest.delta.sink`` does the same)."""
+    """delta-rs's commit of a batch: its ``txn`` and ``metadata`` in the commit info; one that
+    creates the table is retried by ``commit_once`` only (``delta_commit_retries``)."""
     from deltalake import CommitProperties, Transaction
 
     return CommitProperties(
         app_transactions=[Transaction(app_id, batch_id)],
         custom_metadata=dict(metadata or {}),
-        max_commit_retries=0 if creates_table else None,
+        max_commit_retries=delta_commit_retries(creates_table),
     )
 
 

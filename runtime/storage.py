@@ -80,6 +80,18 @@ def delta_storage_options(
     return {"conditional_put": "etag"}
 
 
+def delta_commit_retries(creates_table: bool) -> int | None:
+    """delta-rs's own retries of a commit that carries an app transaction (``txn``): none for
+    the commit that creates the table, delta-rs's default otherwise.
+
+    Finding version 0 taken (by a writer racing to create the table, or by this very commit
+    when the store took the put, its answer was lost and the retried put was refused),
+    delta-rs commits again at version 1 with no conflict check, so the ``txn`` lands twice.
+    Without the retry the commit fails instead, and the caller's own retry finds its ``txn`` in
+    the table (pipeline/NOTES.md). Every later commit is checked against those it races."""
+    return 0 if creates_table else None
+
+
 def arrow_filesystem(
     uri: str, environ: Mapping[str, str] = os.environ
 ) -> tuple[pafs.FileSystem, str]:

@@ -89,6 +89,11 @@ def late_landings(table: Path | str) -> list[str]:
     return list(said.values())
 
 
+def job_versions(appends: list[Version]) -> list[int | None]:
+    """The job version each append's checkpoint carries (None: it carries none)."""
+    return [v.checkpoint.version if v.checkpoint else None for v in appends]
+
+
 def describe_job_versions(appends: list[Version]) -> str:
     """Where the job's versions leave 1, 2, 3, ...: each Delta version from the first wrong one
     on, with the job version, owner and commit time its checkpoint carries (at most twenty)."""
@@ -120,8 +125,7 @@ def assert_change_log_invariants(
     once too."""
     versions = read_versions(table)
     appends = [v for v in versions if v.operation == "WRITE"]
-    job_versions = [v.checkpoint.version if v.checkpoint else None for v in appends]
-    assert job_versions == list(range(1, len(appends) + 1)), (
+    assert job_versions(appends) == list(range(1, len(appends) + 1)), (
         "application transaction versions must be 1, 2, 3, ... with no gap or repeat: "
         + describe_job_versions(appends)
     )

@@ -41,7 +41,7 @@ from ingest.model.snapshot import SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import Nanos
 from runtime.errors import ReportedError
 from runtime.logs import null_logger
-from runtime.storage import delta_storage_options
+from runtime.storage import delta_commit_retries, delta_storage_options
 
 TABLE_CONFIGURATION = {"delta.appendOnly": "true"}
 WriteCommit = Callable[[DeltaTable | None, CommitProperties], None]
@@ -324,13 +324,8 @@ class DeltaChangeLogSink:
         return self.commit([], self._resume_point, lease_released=True)
 
     def _write_once(self, version: int, write: WriteCommit, checkpoint: Checkpoint) -> bool:
-        """Write version n once; True when it had landed already (a retried commit).
-
-        The commit that creates the table gets no retry inside delta-rs: when its Delta version 0
-        exists (another writer's, or its own whose answer was lost and whose store retry was
-        refused), delta-rs would commit again at version 1 without checking app transactions,
-        and the job's version 1 would land twice. Here the sink's own retry reads the table and
-        finds the version replayed or fenced."""
+        """Write version n once; True when it had landed already (a retried commit). The commit
+        that creates the table is retried here only (``delta_commit_retries``)."""
         table = self.table()
         landed = table.transaction_version(self._job_id) if table is not None else None
         if landed is not None and landed >= version:
@@ -351,7 +346,7 @@ class DeltaChangeLogSink:
             CommitProperties(
                 app_transactions=[Transaction(self._job_id, version)],
                 custom_metadata={CHECKPOINT_KEY: to_json(checkpoint)},
-                max_commit_retries=0 if table is None else None,
+                max_commit_retries=delta_commit_retries(creates_table=table is None),
             ),
         )
         return False
