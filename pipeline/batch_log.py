@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from pipeline.merges import JOB_COMMIT_KEY, Logger, commit_once, commit_properties, holds_batch
-from runtime.storage import delta_storage_options
+from runtime.storage import delta_storage_options, delta_write_mode
 
 BATCH_LOG = "_cdc_batches"
 COMPACT_EVERY = 500
@@ -96,7 +96,7 @@ def _append(uri: str, applied: AppliedBatch, app_id: str) -> None:
     write_deltalake(
         uri,
         pa.Table.from_pylist([row], schema=SCHEMA),
-        mode="append",
+        mode=delta_write_mode(creates_table),
         storage_options=options,
         commit_properties=commit_properties(app_id, applied.batch_id, None, creates_table),
     )

@@ -33,7 +33,7 @@ from tenacity import (
 
 from pipeline.shapes import TableShape
 from runtime.logs import Logger
-from runtime.storage import delta_commit_retries, delta_storage_options
+from runtime.storage import delta_commit_retries, delta_storage_options, table_created_meanwhile
 
 R = TypeVar("R")
 RETRYABLE_CONFLICTS = (
@@ -212,9 +212,12 @@ def _conflict(error: BaseException | None) -> str | None:
 
 
 def _is_retryable(error: BaseException) -> bool:
-    """A conflict, or the store's error (delta-rs raises ``OSError`` for a timed-out or cut
-    request): either may have left the batch's commit landed, which the next attempt finds."""
-    return isinstance(error, OSError) or _conflict(error) is not None
+    """A conflict, the store's error (delta-rs raises ``OSError`` for a timed-out or cut
+    request) or a table created since the commit looked: each may have left the batch's commit
+    landed, which the next attempt finds."""
+    return (
+        isinstance(error, OSError) or _conflict(error) is not None or table_created_meanwhile(error)
+    )
 
 
 def commit_once(table: str, commit: Callable[[], R], batch_id: int, log: Logger) -> R:

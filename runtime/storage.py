@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pyarrow import fs as pafs
@@ -80,9 +81,25 @@ def delta_storage_options(
     return {"conditional_put": "etag"}
 
 
+def delta_write_mode(creates_table: bool) -> Literal["error", "append"]:
+    """How a commit that carries an app transaction (``txn``) writes: one that creates the table
+    fails if the table exists by the time it writes (``table_created_meanwhile``).
+
+    A writer that found no table and wrote in mode ``append`` would, when another writer
+    created the table in between, append to it with no look at the ``txn`` the creator
+    carries: the same version of the job twice. Failing instead, the caller's retry looks
+    again and finds its ``txn`` landed, or another writer's."""
+    return "error" if creates_table else "append"
+
+
+def table_created_meanwhile(error: BaseException) -> bool:
+    """delta-rs's refusal of a creating write (``delta_write_mode``): the table exists now."""
+    return "A table already exists at" in str(error)
+
+
 def delta_commit_retries(creates_table: bool) -> int | None:
-    """delta-rs's own retries of a commit that carries an app transaction (``txn``): none for
-    the commit that creates the table, delta-rs's default otherwise.
+    """delta-rs's own retries of a commit that carries a ``txn``: none for the commit that
+    creates the table, delta-rs's default otherwise.
 
     Finding version 0 taken (by a writer racing to create the table, or by this very commit
     when the store took the put, its answer was lost and the retried put was refused),

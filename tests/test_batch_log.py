@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import deltalake
 import pyarrow as pa
+import pytest
 from deltalake import write_deltalake
+from deltalake.exceptions import TableNotFoundError
 
 from pipeline import batch_log
 from pipeline.as_of import history_as_of, mirrors_as_of
@@ -53,6 +57,31 @@ def test_a_generation_numbered_again_after_a_lost_checkpoint_reads_as_of_its_own
     histories = Histories(str(tmp_path / "histories"), frozenset({"accounts"}))
     refused = _refusal(lambda: history_as_of(histories, root, at(20), ["accounts"]))
     assert "newest consistent batch's W " + at(13) in refused
+
+
+def test_a_batch_log_created_after_the_commit_looked_holds_the_batch_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch's commit looked for the log and found none; before it wrote, an earlier attempt
+    of the same commit (whose answer was lost) created the log with the batch. The write must
+    fail and look again, not append the batch a second time."""
+    root = str(tmp_path / "mirrors")
+    applied = AppliedBatch(0, 1, 5, at(5), True, START, {"accounts": 0})
+    look = deltalake.DeltaTable
+    looked: list[str] = []
+
+    def created_after_the_look(uri: str, *args: Any, **kwargs: Any) -> deltalake.DeltaTable:
+        if looked:
+            return look(uri, *args, **kwargs)
+        looked.append(uri)
+        batch_log.record(root, applied, "job:checkpoint-1", null_logger())
+        raise TableNotFoundError(f"no table at {uri} (as the first look found)")
+
+    monkeypatch.setattr(deltalake, "DeltaTable", created_after_the_look)
+    batch_log.record(root, applied, "job:checkpoint-1", null_logger())
+    monkeypatch.undo()
+    assert looked, "the look was not made"
+    assert [(b.generation, b.batch_id) for b in batch_log.read(root)] == [(1, 0)]
 
 
 def _refusal(read: Callable[[], object]) -> str:

@@ -22,7 +22,13 @@ import structlog
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from ingest.contract.changelog import (
     CHECKPOINT_KEY,
@@ -41,7 +47,12 @@ from ingest.model.snapshot import SnapshotChunk, SnapshotProgress
 from ingest.model.timestamps import Nanos
 from runtime.errors import ReportedError
 from runtime.logs import null_logger
-from runtime.storage import delta_commit_retries, delta_storage_options
+from runtime.storage import (
+    delta_commit_retries,
+    delta_storage_options,
+    delta_write_mode,
+    table_created_meanwhile,
+)
 
 TABLE_CONFIGURATION = {"delta.appendOnly": "true"}
 WriteCommit = Callable[[DeltaTable | None, CommitProperties], None]
@@ -261,7 +272,7 @@ class DeltaChangeLogSink:
             write_deltalake(
                 table if table is not None else self._uri,
                 rows,
-                mode="append",
+                mode=delta_write_mode(creates_table=table is None),
                 partition_by=PARTITION_COLUMNS,
                 configuration=TABLE_CONFIGURATION if table is None else None,
                 storage_options=self._storage_options if table is None else None,
@@ -291,7 +302,8 @@ class DeltaChangeLogSink:
             lease_released,
         )
         retrying = Retrying(
-            retry=retry_if_exception_type((CommitFailedError, OSError)),
+            retry=retry_if_exception_type((CommitFailedError, OSError))
+            | retry_if_exception(table_created_meanwhile),
             wait=wait_exponential_jitter(multiplier=0.05, max=5),
             stop=stop_after_attempt(self._retry_attempts),
             before_sleep=lambda state: self._log.warning(
@@ -325,7 +337,8 @@ class DeltaChangeLogSink:
 
     def _write_once(self, version: int, write: WriteCommit, checkpoint: Checkpoint) -> bool:
         """Write version n once; True when it had landed already (a retried commit). The commit
-        that creates the table is retried here only (``delta_commit_retries``)."""
+        that creates the table is retried here only (``delta_commit_retries``) and fails if
+        another writer created it since ``table`` looked (``delta_write_mode``)."""
         table = self.table()
         landed = table.transaction_version(self._job_id) if table is not None else None
         if landed is not None and landed >= version:
