@@ -36,7 +36,8 @@ from pipeline_throughput import land_changelog
 
 from emulator.machine import machine_line
 from pipeline.config import PipelineConfig
-from pipeline.job import run_pipeline, spark_settings
+from pipeline.job import run_pipeline
+from pipeline.query import spark_settings
 from pipeline.session import build_session
 from runtime.logs import null_logger
 

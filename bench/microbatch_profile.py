@@ -1,6 +1,6 @@
 """Where a pipeline's seconds go: its first batch after start, and each later micro-batch.
 
-The job (``pipeline.job.start_query``, as ``pipeline run`` starts it) reads a change log landed
+The job (``pipeline.query.start_query``, as ``pipeline run`` starts it) reads a change log landed
 through the real ingest sink (``--versions`` versions, ``--keys`` keys INSERTed then UPDATEd at
 random, 10 mods per transaction), one version per micro-batch, ``availableNow``, ``local[2]``.
 Times, from this process's start:
@@ -49,9 +49,9 @@ from pipeline.batch_writer import JobStats
 from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
 from pipeline.deployment import plan_deployment
-from pipeline.job import spark_settings, start_query
 from pipeline.metrics import PipelineMetrics
 from pipeline.mirror import ensure_mirror
+from pipeline.query import spark_settings, start_query
 from pipeline.session import build_session
 from runtime.jvm import JIT_SETTINGS
 from runtime.logs import null_logger

@@ -1,5 +1,5 @@
 """Does a micro-batch cost grow with the mirror, counted through the whole job? The pipeline
-(``pipeline.job.start_query``: Delta source, transformWithState, the driver MERGE) runs batches of
+(``pipeline.query.start_query``: Delta source, transformWithState, the driver MERGE) runs batches of
 1,000 keys into mirrors of different sizes; ``bench/mirror_merge_scaling.py`` times the MERGE alone.
 
 Each mirror is built as in that benchmark (created by the product, appended in key order). The
@@ -39,8 +39,8 @@ from pipeline.batch_writer import JobStats
 from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
 from pipeline.deployment import plan_deployment
-from pipeline.job import spark_settings, start_query
 from pipeline.metrics import PipelineMetrics
+from pipeline.query import spark_settings, start_query
 from pipeline.session import build_session
 from runtime.logs import null_logger
 

@@ -1,6 +1,6 @@
 """Pipeline benchmark: change rows/s and micro-batch latency, three ways, on the same change log.
 
-- ``row``: the job itself (``pipeline.job.start_query``): transformWithState, Row API.
+- ``row``: the job itself (``pipeline.query.start_query``): transformWithState, Row API.
 - ``pandas``: the same processor behind transformWithStateInPandas.
 - ``stateless``: no state; each micro-batch keeps the newest change per key (a window) and runs
   the same MERGE. It is not a correct mirror for partial updates or replays; it prices the state.
@@ -50,11 +50,11 @@ from pipeline.batch_writer import JobStats
 from pipeline.columns import OPERATION, mirror_uri
 from pipeline.config import PipelineConfig
 from pipeline.deployment import Plan, plan_deployment
-from pipeline.job import read_changes, spark_settings, start_query
 from pipeline.landing import write_batch
 from pipeline.metrics import PipelineMetrics
 from pipeline.mirror import ensure_mirror
 from pipeline.processor import INPUT_COLUMNS, ChangeApplier, output_schema
+from pipeline.query import read_changes, spark_settings, start_query
 from pipeline.session import build_session
 from pipeline.state.variables import row_variable
 from runtime.logs import null_logger

@@ -126,7 +126,7 @@ def _described(evolution: Evolution) -> str:
 def session_factory(config: config_module.PipelineConfig, log: Any) -> Callable[[], Any]:
     """The job's Spark session, built when first needed (``run`` and ``rebase``); the JVM's
     lines become the job's own events."""
-    from pipeline.job import spark_settings
+    from pipeline.query import spark_settings
     from pipeline.session import build_session
     from runtime.jvm import JvmLog
 

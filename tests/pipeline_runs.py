@@ -13,7 +13,8 @@ from pyspark.sql import types as T
 from pipeline.batch_writer import JobStats
 from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
-from pipeline.job import run_pipeline, spark_settings
+from pipeline.job import run_pipeline
+from pipeline.query import spark_settings
 from pipeline.session import build_session
 from runtime.logs import null_logger
 from tests.background_builds import CLASS_ARCHIVE_BUILD, wait_for_build

@@ -138,7 +138,14 @@ PIPELINE_LAYERS = (
     ("pipeline.processor", "pipeline.user_processors"),
     ("pipeline.mirror", "pipeline.history", "pipeline.batch_log", "pipeline.foreign_commits"),
     ("pipeline.landing", "pipeline.as_of", "pipeline.user_processors.outputs"),
-    ("pipeline.deployment", "pipeline.rebase", "pipeline.batch_writer", "pipeline.job"),
+    (
+        "pipeline.deployment",
+        "pipeline.rebase",
+        "pipeline.batch_writer",
+        "pipeline.query",
+        "pipeline.restarts",
+        "pipeline.job",
+    ),
     ("pipeline.cli", "pipeline.__main__"),
 )
 """The pipeline's stages, lowest first (docs/design.md): names and shapes, the state, the

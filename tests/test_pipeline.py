@@ -27,12 +27,13 @@ from pipeline import catalog as pipeline_catalog
 from pipeline.catalog import discover_shapes, scan
 from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
-from pipeline.job import PYTHON_WORKER_LATE, PipelineFailed, _restart_reason, run_pipeline
+from pipeline.job import run_pipeline
 from pipeline.landing import write_batch
 from pipeline.merges import commit_once
 from pipeline.metrics import PipelineMetrics
 from pipeline.mirror import merge_into_mirror
 from pipeline.processor import output_schema
+from pipeline.restarts import PYTHON_WORKER_LATE, PipelineFailed, restart_reason
 from pipeline.state.checkpoint import CheckpointInUse, CheckpointLock, checkpoint_id
 from pipeline.state.registry import SchemaRegistry
 from runtime.jvm import CLASS_ARCHIVE
@@ -118,11 +119,11 @@ def test_a_python_worker_that_started_late_restarts_the_query_a_bounded_number_o
     connect back", which ended the job although nothing had committed."""
     config = configure(tmp_path, max_restarts=2)
     late = RuntimeError(f"[STREAM_FAILED] terminated with exception: {PYTHON_WORKER_LATE}.")
-    assert _restart_reason(late, 1, config) == PYTHON_WORKER_LATE
+    assert restart_reason(late, 1, config) == PYTHON_WORKER_LATE
     with pytest.raises(PipelineFailed, match=PYTHON_WORKER_LATE):
-        _restart_reason(late, 2, config)
+        restart_reason(late, 2, config)
     with pytest.raises(PipelineFailed, match="something else"):
-        _restart_reason(RuntimeError("something else"), 0, config)
+        restart_reason(RuntimeError("something else"), 0, config)
 
 
 def test_a_change_log_holding_only_a_new_jobs_empty_first_version_is_waited_on(

@@ -19,8 +19,8 @@ from pyspark.sql import types as T
 from ingest.model.records import ColumnType
 from pipeline.columns import KEYS_COLUMN, POSITION_COLUMN, mirror_uri
 from pipeline.config import PipelineConfig
-from pipeline.job import PipelineFailed
 from pipeline.rebase import RebaseRefused, rebase_on_demand, starting_version
+from pipeline.restarts import PipelineFailed
 from pipeline.state import cut, generations
 from pipeline.state.registry import SchemaRegistry
 from pipeline.user_processors import Change, ChangeProcessor, State, Value

@@ -39,7 +39,7 @@ from ingest.model.timestamps import from_datetime, to_rfc3339
 from pipeline.catalog import discover_shapes, scan
 from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
-from pipeline.job import PipelineFailed
+from pipeline.restarts import PipelineFailed
 from pipeline.state import generations
 from pipeline.state.registry import Deployment, SchemaRegistry
 from tests.checks import apply_ddl, assert_mirrors_equal, compare_at_watermark
