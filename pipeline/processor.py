@@ -324,7 +324,7 @@ class ChangeApplier(StatefulProcessor):
         try:
             self.entries[table].update(written)
         except Exception as error:
-            reason = f"state refused the row image: {_first_line(error)}"
+            reason = f"state refused the row image: {_cause(error)}"
             raise RowNotApplicable(table, keys_json, applied, reason) from error
         if entry.found_in == "tombstone":
             self.tombstone.clear()
@@ -492,8 +492,7 @@ class ChangeApplier(StatefulProcessor):
             value = self.entries[table].get()
         except Exception as error:  # the same bug, met with nested fields: the read fails
             raise StateRoundTripMismatch(
-                f"{STATE_ROUNDTRIP_MISMATCH}: {variable} could not be read back: "
-                f"{_first_line(error)}"
+                f"{STATE_ROUNDTRIP_MISMATCH}: {variable} could not be read back: {_cause(error)}"
             ) from error
         stored = _as_dict(value[0] if value else None, self.image_fields[table])
         lost = [f for f in written if stored.get(f) is None]
@@ -561,7 +560,8 @@ class _ValueError(Exception):
         self.reason = reason
 
 
-def _first_line(error: BaseException) -> str:
+def _cause(error: BaseException) -> str:
+    """A state call's error as a reason's one line: its text's last line, cut at 300."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return (lines[-1] if lines else type(error).__name__)[:300]
 
