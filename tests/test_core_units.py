@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from decimal import Decimal
 
 import pytest
 from google.api_core.datetime_helpers import DatetimeWithNanoseconds
 from google.cloud.spanner_v1.data_types import JsonObject
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from ingest.changestream.mapper import UnknownRecordError, plain_json, records_from_change_record
 from ingest.model import timestamps
@@ -24,6 +27,12 @@ from ingest.rules.assembler import (
 )
 from ingest.rules.partitions import PartitionLifecycleError, PartitionTracker
 from tests.builders import record
+
+SPANNER_FIRST = -62135596800 * 10**9
+"""0001-01-01T00:00:00Z, Spanner's first TIMESTAMP."""
+SPANNER_LAST = 253402300799 * 10**9 + 999999999
+"""9999-12-31T23:59:59.999999999Z, its last."""
+RFC3339_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{9}Z")
 
 
 class TestTimestamps:
@@ -43,6 +52,18 @@ class TestTimestamps:
     def test_before_epoch(self) -> None:
         ns = timestamps.parse_rfc3339("1900-01-01T00:00:00.5Z")
         assert timestamps.to_rfc3339(ns) == "1900-01-01T00:00:00.500000000Z"
+
+    @given(st.integers(SPANNER_FIRST, SPANNER_LAST), st.integers(SPANNER_FIRST, SPANNER_LAST))
+    @example(SPANNER_FIRST, SPANNER_LAST)
+    def test_any_instant_spanner_holds_is_rfc3339_text_that_sorts_as_it(
+        self, a: int, b: int
+    ) -> None:
+        """Years before 1000 too: ``strftime`` writes year 1 as "1", not "0001"."""
+        texts = timestamps.to_rfc3339(a), timestamps.to_rfc3339(b)
+        for nanos, text in zip((a, b), texts, strict=True):
+            assert RFC3339_UTC.fullmatch(text), text
+            assert timestamps.parse_rfc3339(text) == nanos
+        assert (texts[0] < texts[1]) == (a < b)
 
     @pytest.mark.parametrize("text", ["2024-01-01", "yesterday", "2024-01-01T00:00:00"])
     def test_rejects_incomplete_text(self, text: str) -> None:

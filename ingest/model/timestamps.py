@@ -56,7 +56,7 @@ def to_rfc3339(value: Nanos) -> str:
     """UTC RFC 3339 text with all nine fractional digits: lossless and sortable as text."""
     seconds, nanos = divmod(value, NANOS_PER_SECOND)
     base = _EPOCH + dt.timedelta(seconds=seconds)
-    return base.strftime("%Y-%m-%dT%H:%M:%S") + f".{nanos:09d}Z"
+    return f"{base.year:04d}-{base:%m-%dT%H:%M:%S}.{nanos:09d}Z"  # %Y writes year 1 as "1"
 
 
 def to_datetime(value: Nanos) -> DatetimeWithNanoseconds:
