@@ -6,6 +6,7 @@ import datetime as dt
 import re
 from decimal import Decimal
 
+import pyarrow as pa
 import pytest
 from google.api_core.datetime_helpers import DatetimeWithNanoseconds
 from google.cloud.spanner_v1.data_types import JsonObject
@@ -13,6 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ingest.changestream.mapper import UnknownRecordError, plain_json, records_from_change_record
+from ingest.contract.changelog import SCHEMA, in_total_order, position
 from ingest.model import timestamps
 from ingest.model.records import (
     ChildPartition,
@@ -69,6 +71,33 @@ class TestTimestamps:
     def test_rejects_incomplete_text(self, text: str) -> None:
         with pytest.raises(ValueError, match="RFC 3339"):
             timestamps.parse_rfc3339(text)
+
+
+ROWS_IN_ANY_ORDER = st.lists(
+    st.fixed_dictionaries(
+        {
+            "keys": st.sampled_from(['["1"]', '["2"]']),
+            "commit_timestamp_text": st.sampled_from(
+                ["0999-01-01T00:00:00.000000000Z", "2026-11-29T10:00:00.000000000Z"]
+            ),
+            "server_transaction_id": st.sampled_from(["a", "b"]),
+            "record_sequence": st.sampled_from(["9", "10", "00000010", "00000009"]),
+            "mod_index": st.integers(0, 12),
+        }
+    ),
+    max_size=30,
+)
+
+
+class TestTotalOrder:
+    @given(ROWS_IN_ANY_ORDER)
+    def test_the_arrow_order_is_position_s(self, rows: list[dict[str, object]]) -> None:
+        names = ["keys", "commit_timestamp_text", "server_transaction_id", "record_sequence"]
+        schema = pa.schema([SCHEMA.field(name) for name in [*names, "mod_index"]])
+        table = pa.Table.from_pylist(rows, schema=schema)
+        by_key = sorted(rows, key=lambda r: (r["keys"], position(r)))
+        assert in_total_order(table, ["keys"]).to_pylist() == by_key
+        assert in_total_order(table).to_pylist() == sorted(rows, key=position)
 
 
 class TestMapper:

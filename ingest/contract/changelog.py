@@ -9,11 +9,12 @@ Imports only ``ingest.model``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest.model.encoding import canonical_json, column_type_from_dict, column_type_to_dict
 from ingest.model.records import ColumnType, sequence_key
@@ -87,6 +88,16 @@ def position(row: Any) -> Position:
         sequence_key(row["record_sequence"]),
         row["mod_index"],
     )
+
+
+def in_total_order(rows: pa.Table, first: Sequence[str] = ()) -> pa.Table:
+    """Change-log rows sorted by the columns ``first``, then in the total order (``position``,
+    as Arrow sorts it: a record sequence by length, then text)."""
+    width = "_record_sequence_width"
+    keyed = rows.append_column(width, pc.utf8_length(rows["record_sequence"]))
+    order = [*first, "commit_timestamp_text", "server_transaction_id", width]
+    order += ["record_sequence", "mod_index"]
+    return rows.take(pc.sort_indices(keyed, sort_keys=[(name, "ascending") for name in order]))
 
 
 def column_types_json(column_types: Iterable[ColumnType]) -> str:

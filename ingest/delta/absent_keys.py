@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from ingest.contract.changelog import DELETE, DELETES, SCHEMA_ROW, SNAPSHOT_ROW
+from ingest.contract.changelog import DELETE, DELETES, SCHEMA_ROW, SNAPSHOT_ROW, in_total_order
 from ingest.model.timestamps import Nanos, to_rfc3339
 
 _COLUMNS = [
@@ -49,19 +49,7 @@ def absent_keys(
         pc.equal(rows["commit_timestamp_text"], at), pc.equal(rows["mod_type"], SNAPSHOT_ROW)
     )
     landed = set(rows.filter(snapshot_rows)["keys"].to_pylist())
-    before = rows.filter(pc.less(rows["commit_timestamp_text"], at))
-    before = before.append_column(
-        "sequence_width", pc.utf8_length(before["record_sequence"])
-    ).sort_by(
-        [
-            ("keys", "ascending"),
-            ("commit_timestamp_text", "ascending"),
-            ("server_transaction_id", "ascending"),
-            ("sequence_width", "ascending"),
-            ("record_sequence", "ascending"),
-            ("mod_index", "ascending"),
-        ]
-    )
+    before = in_total_order(rows.filter(pc.less(rows["commit_timestamp_text"], at)), ["keys"])
     last = before.group_by("keys", use_threads=False).aggregate([("mod_type", "last")])
     alive = last.filter(pc.invert(pc.is_in(last["mod_type_last"], pa.array(DELETES))))
     present = landed.union(found)

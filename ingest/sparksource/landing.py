@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.contract.changelog import SCHEMA, Checkpoint
+from ingest.contract.changelog import SCHEMA, Checkpoint, in_total_order
 from ingest.delta.landing import ChangeLogLanding
 from ingest.delta.sink import CommitResult, WriterFenced
 from ingest.model.records import WatchedColumns
@@ -188,7 +188,9 @@ class BatchLanding:
         self.landing.sink.continue_after(checkpoint)
         watched = self.landing.watched.changes(cut.low_watermark, self.monotonic())
         try:
-            result = self.landing.sink.commit_rows(_ordered(below), transactions, cut, watched)
+            result = self.landing.sink.commit_rows(
+                in_total_order(below).select(SCHEMA.names), transactions, cut, watched
+            )
         except WriterFenced:
             if self._landed_any:
                 raise
@@ -277,20 +279,3 @@ def _check_whole(rows: pa.Table) -> tuple[Nanos, ...]:
     return tuple(
         per_transaction[f"{COMMIT_NANOS}_min_max"].combine_chunks().field("min").to_pylist()
     )
-
-
-def _ordered(rows: pa.Table) -> pa.Table:
-    """Commit order: (commit timestamp, transaction id), then record sequence as a number, then
-    mod index."""
-    keyed = rows.append_column("sequence_width", pc.utf8_length(rows["record_sequence"]))
-    order = pc.sort_indices(
-        keyed,
-        sort_keys=[
-            (COMMIT_NANOS, "ascending"),
-            ("server_transaction_id", "ascending"),
-            ("sequence_width", "ascending"),
-            ("record_sequence", "ascending"),
-            ("mod_index", "ascending"),
-        ],
-    )
-    return rows.take(order).select(SCHEMA.names)
