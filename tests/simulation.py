@@ -13,6 +13,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from hypothesis import strategies as st
+
 from ingest.model import records as model
 from ingest.model.timestamps import Nanos
 from ingest.rules.partitions import INITIAL_PARTITION
@@ -90,36 +92,13 @@ def build_topology(
     ``least_initial``: at least this many partitions from the start (the rest of the topology
     stays what the seed makes), so a test of taking turns has more partitions than turns
     whatever order the reader's threads run in."""
-    counter = iter(range(1_000_000))
-    partitions: dict[str, SimPartition] = {}
-
-    def new(start: Nanos) -> SimPartition:
-        partition = SimPartition(f"p{next(counter)}", start)
-        partitions[partition.token] = partition
-        return partition
-
+    new = _Partitions("p{}")
+    partitions = new.by_token
     initial = [new(T0) for _ in range(max(rng.randint(1, 3), least_initial))]
     live = list(initial)
     end = T0 + horizon
-    times = sorted(rng.sample(range(T0 + 1, end), events))
-    for ts in times:
-        action = rng.choice(["split", "move", "merge"] if len(live) > 1 else ["split", "move"])
-        if action == "merge":
-            parents = rng.sample(live, 2)
-            child = new(ts)
-            for parent in parents:
-                parent.end = ts
-                parent.children.append((child.token, tuple(p.token for p in parents)))
-                live.remove(parent)
-            live.append(child)
-        else:
-            parent = rng.choice(live)
-            parent.end = ts
-            live.remove(parent)
-            for _ in range(2 if action == "split" else 1):
-                child = new(ts)
-                parent.children.append((child.token, (parent.token,)))
-                live.append(child)
+    for ts in sorted(rng.sample(range(T0 + 1, end), events)):
+        _change(rng, live, new, ts)
 
     committed: list[model.Transaction] = []
     owner_of: dict[tuple[str, str], str] = {}
@@ -150,6 +129,16 @@ def build_topology(
     )
 
 
+def topologies(most_events: int, most_transactions: int) -> st.SearchStrategy[Topology]:
+    """Topologies of ``build_topology`` for property tests, from a seed hypothesis shrinks."""
+    return st.builds(
+        lambda seed, events, count: build_topology(random.Random(seed), events, count),
+        st.integers(0, 2**32),
+        st.integers(0, most_events),
+        st.integers(0, most_transactions),
+    )
+
+
 def records_from(stream: list[model.ChangeRecord], start: Nanos) -> list[model.ChangeRecord]:
     """What a query of the partition from ``start`` returns (Spanner filters on timestamps)."""
     return [record for record in stream if model.record_timestamp(record) >= start]
@@ -167,14 +156,8 @@ def build_wide_topology(
     over ``horizon``, and transactions over the partitions alive at their commit timestamp
     (a third of them spread over several partitions). Built in one pass over time, so it stays
     fast at any width."""
-    counter = iter(range(10_000_000))
-    by_token: dict[str, SimPartition] = {}
-
-    def new(at: Nanos) -> SimPartition:
-        partition = SimPartition(f"w{next(counter):06d}", at)
-        by_token[partition.token] = partition
-        return partition
-
+    new = _Partitions("w{:06d}")
+    by_token = new.by_token
     live = [new(start) for _ in range(partitions)]
     end = start + horizon
     change_times = sorted(rng.sample(range(start + 1, end), changes))
@@ -206,13 +189,27 @@ def build_wide_topology(
     return Topology(start, end, by_token, initial, committed, heartbeats, owner_of)
 
 
+class _Partitions:
+    """Makes the topology's partitions, each under a token of ``pattern`` and a new number."""
+
+    def __init__(self, pattern: str) -> None:
+        self._pattern = pattern
+        self.by_token: dict[str, SimPartition] = {}
+
+    def __call__(self, start: Nanos) -> SimPartition:
+        partition = SimPartition(self._pattern.format(len(self.by_token)), start)
+        self.by_token[partition.token] = partition
+        return partition
+
+
 def _change(
     rng: random.Random,
     live: list[SimPartition],
     new: Callable[[Nanos], SimPartition],
     at: Nanos,
 ) -> None:
-    action = rng.choice(["split", "move", "merge"])
+    """A split, a move or (of two live partitions) a merge at ``at``."""
+    action = rng.choice(["split", "move", "merge"] if len(live) > 1 else ["split", "move"])
     if action == "merge":
         parents = [live.pop(rng.randrange(len(live))) for _ in range(2)]
         child = new(at)

@@ -18,7 +18,8 @@ from ingest.model.records import ChangeRecord, Transaction
 from ingest.model.resume import ResumePoint
 from ingest.rules.coordinator import Coordinator
 from ingest.rules.partitions import INITIAL_PARTITION
-from tests.simulation import Topology, build_topology, mutable_key_range_streams, records_from
+from tests.simulation import Topology, mutable_key_range_streams, records_from
+from tests.simulation import topologies as simulated_topologies
 
 
 def deliver_next(
@@ -91,12 +92,7 @@ def drive(
     }
 
 
-topologies = st.builds(
-    lambda seed, events, transactions: build_topology(random.Random(seed), events, transactions),
-    st.integers(0, 2**32),
-    st.integers(0, 25),
-    st.integers(0, 60),
-)
+topologies = simulated_topologies(25, 60)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -21,7 +21,8 @@ from ingest.rules import turns
 from ingest.rules.coordinator import Coordinator
 from ingest.rules.partitions import ends_partition, resume_timestamp, watermark_after
 from ingest.rules.watchdog import Watchdog
-from tests.simulation import Topology, build_topology
+from tests.simulation import Topology
+from tests.simulation import topologies as simulated_topologies
 
 MARGIN: Nanos = 3
 WINDOW: Nanos = 40
@@ -143,12 +144,7 @@ def _step(
     return closed.outcome if closed.outcome is not turns.Outcome.WINDOW_CLOSED else None
 
 
-topologies = st.builds(
-    lambda seed, events, transactions: build_topology(random.Random(seed), events, transactions),
-    st.integers(0, 2**32),
-    st.integers(0, 20),
-    st.integers(0, 40),
-)
+topologies = simulated_topologies(20, 40)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
