@@ -15,7 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
+from urllib.parse import urlsplit
 
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from google.cloud.spanner_v1.database import Database
@@ -102,11 +104,37 @@ def consistent_past(changelog_uri: str, timestamp: Nanos) -> bool:
 def landed_transactions(changelog_uri: str) -> int:
     """Distinct transactions in the change log (0 before its first commit; schema rows have
     no transaction id)."""
-    try:
-        ids = scan(DeltaTable(changelog_uri), ["server_transaction_id"])
-    except TableNotFoundError:
-        return 0
-    return len(set(ids.column(0).to_pylist()) - {""})
+    return LandedTransactions(changelog_uri)()
+
+
+class LandedTransactions:
+    """``landed_transactions`` of one change log, counted again at each call from the data
+    files added since the last: a test polls a growing change log every half second, and
+    reading all of its files at each poll cost 0.4 CPU-s at 300 versions (building the Arrow
+    dataset alone 0.25 s). A compaction's removed files leave with their ids, which its new
+    file brings back. Tables on object stores, and with deletion vectors, are read whole."""
+
+    def __init__(self, changelog_uri: str) -> None:
+        self.uri = changelog_uri
+        self._ids: dict[str, frozenset[str]] = {}
+
+    def __call__(self) -> int:
+        try:
+            table = DeltaTable(self.uri)
+        except TableNotFoundError:
+            return 0
+        local = urlsplit(self.uri).scheme in ("", "file")
+        if not local or "deletionVectors" in (table.protocol().reader_features or []):
+            ids = scan(table, ["server_transaction_id"]).column(0).to_pylist()
+            return len(set(ids) - {""})
+        known = self._ids
+        self._ids = {f: known[f] if f in known else _transaction_ids(f) for f in table.file_uris()}
+        return len(frozenset[str]().union(*self._ids.values()) - {""})
+
+
+def _transaction_ids(data_file: str) -> frozenset[str]:
+    ids = pq.read_table(data_file, columns=["server_transaction_id"]).column(0)
+    return frozenset(ids.to_pylist())
 
 
 def compare_mirrors(

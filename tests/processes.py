@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from emulator.processes import Process, wait_on_progress
-from emulator.verify import landed_transactions
+from emulator.verify import LandedTransactions
 from emulator.workload import CommittedTransaction, Workload, WorkloadConfig
 from ingest.model.timestamps import Nanos, to_rfc3339
 
@@ -166,7 +166,7 @@ def wait_until_landed(
     the figures, and with ``service``, which of the emulator and the product stopped, or with
     ``committed`` too, the transactions missing behind the change log's W: ``tests.stalls``).
     A slow, loaded machine that keeps landing is waited on."""
-    landed = wait_on_progress(lambda: landed_transactions(str(table)), transactions, timeout, 0.5)
+    landed = wait_on_progress(LandedTransactions(str(table)), transactions, timeout, 0.5)
     if landed < transactions:
         figures = f"{landed} of {transactions} landed, none for {timeout:.0f} s"
         if service is None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
+from emulator.verify import LandedTransactions, landed_transactions
 from ingest.delta.sink import DeltaChangeLogSink, Maintenance, WriterFenced
 from ingest.delta.snapshot_files import SnapshotFileWriter, read_keys
 from ingest.model.records import ColumnType, Mod, Transaction
@@ -119,6 +120,24 @@ def test_maintenance_never_changes_what_was_landed(tmp_path: Path) -> None:
     assert list((tmp_path / "t" / "_delta_log").glob("*.checkpoint.parquet"))
     latest = sink.latest_checkpoint()
     assert latest is not None and latest.version == 12
+
+
+def test_the_tests_count_of_landed_transactions_read_by_new_files_follows_compactions(
+    tmp_path: Path,
+) -> None:
+    """The tests' waits count landed transactions from each poll's new files only
+    (``emulator.verify.LandedTransactions``); through the sink's compactions the count is a
+    whole read's."""
+    uri = str(tmp_path / "t")
+    count = LandedTransactions(uri)
+    assert count() == 0
+    sink = DeltaChangeLogSink(uri, "job", "owner", maintenance=Maintenance(3, 5))
+    sink.continue_after(None)
+    for n in range(12):
+        base = COMMIT + n * 10**6
+        sink.commit(transactions(2, base), point(base + 5000))
+        assert count() == landed_transactions(uri) == 2 * (n + 1)
+    assert "OPTIMIZE" in [v.operation for v in read_versions(tmp_path / "t")]
 
 
 @pytest.fixture(scope="module")

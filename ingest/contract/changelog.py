@@ -277,9 +277,12 @@ def _snapshot_from_json(data: dict[str, Any]) -> SnapshotProgress:
 
 def newest_checkpoint(table: DeltaTable) -> tuple[int, Checkpoint] | None:
     """The newest commit carrying a checkpoint, whichever job wrote it: its table version and
-    checkpoint; None when no commit carries one."""
-    for commit in table.history():
-        text = commit.get(CHECKPOINT_KEY)
-        if text is not None:
-            return int(commit["version"]), from_json(text)
+    checkpoint; None when no commit carries one. The newest commits first: nearly every commit
+    carries one, and reading the whole history costs what the log's length does (31 ms of CPU
+    at 300 versions, a test polling it five times a second)."""
+    for limit in (8, None):
+        for commit in table.history(limit):
+            text = commit.get(CHECKPOINT_KEY)
+            if text is not None:
+                return int(commit["version"]), from_json(text)
     return None
