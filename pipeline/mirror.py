@@ -16,6 +16,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from pipeline.columns import KEYS_COLUMN, LAST_APPLIED_COLUMN, OPERATION, POSITION_COLUMN
 from pipeline.merges import (
@@ -35,7 +36,7 @@ from pipeline.merges import (
 from pipeline.shapes import TableShape
 from pipeline.state.variables import LAST_APPLIED, row_variable
 from runtime.logs import Logger
-from runtime.storage import delta_storage_options
+from runtime.storage import delta_storage_options, table_created_meanwhile
 
 MIRROR_TARGET_FILE_BYTES = 16 * 1024 * 1024
 """Mirror files written by the driver MERGE stay about this size (bench/RESULTS.md, mirror size)."""
@@ -73,9 +74,8 @@ def ensure_mirror(
     wanted = wanted or mirror_struct(shape)
     generations = {c.name: shape.mirror_generation(c) for c in shape.columns}
     newer = {name: number for name, number in sorted(generations.items()) if number > 1}
-    current = _read_mirror_metadata(uri)
+    current = _read_or_create(uri, wanted, newer)
     if current is None:
-        create_mirror(uri, wanted, newer)
         log.info("mirror_created", table=shape.name, uri=uri, columns=len(wanted.fields))
         return
     schema, properties = current
@@ -147,6 +147,31 @@ def create_mirror(uri: str, struct: T.StructType, newer: dict[str, int] | None =
         configuration=properties,
         raise_if_key_not_exists=False,
     )
+
+
+def _read_or_create(
+    uri: str, struct: T.StructType, newer: dict[str, int]
+) -> tuple[T.StructType, dict[str, str]] | None:
+    """The table's schema and properties, or None when this call created it. The store's error
+    (a request timed out or cut: its put may have landed) or a table created meanwhile is tried
+    again from the look: one lost answer at a job's start stopped it with a traceback (seen on
+    MinIO through the suite's fault proxy)."""
+    for attempt in Retrying(
+        retry=retry_if_exception(_store_error),
+        stop=stop_after_attempt(5),
+        wait=wait_exponential_jitter(multiplier=0.2, max=5),
+        reraise=True,
+    ):
+        with attempt:
+            current = _read_mirror_metadata(uri)
+            if current is None:
+                create_mirror(uri, struct, newer)
+            return current
+    raise AssertionError("tenacity returns or raises")
+
+
+def _store_error(error: BaseException) -> bool:
+    return isinstance(error, OSError) or table_created_meanwhile(error)
 
 
 def _generations_text(newer: dict[str, int]) -> str:

@@ -31,9 +31,10 @@ from pipeline.job import run_pipeline
 from pipeline.landing import write_batch
 from pipeline.merges import commit_once
 from pipeline.metrics import PipelineMetrics
-from pipeline.mirror import merge_into_mirror
+from pipeline.mirror import ensure_mirror, merge_into_mirror
 from pipeline.processor import output_schema
 from pipeline.restarts import PYTHON_WORKER_LATE, PipelineFailed, restart_reason
+from pipeline.shapes import TableShape
 from pipeline.state.checkpoint import CheckpointInUse, CheckpointLock, checkpoint_id
 from pipeline.state.registry import SchemaRegistry
 from runtime.jvm import CLASS_ARCHIVE
@@ -346,6 +347,33 @@ def test_a_commit_whose_store_request_failed_is_tried_again_and_other_errors_are
     with pytest.raises(ValueError):
         commit_once("accounts", broken, 3, log)
     assert attempts.count("broken") == 1
+
+
+@pytest.mark.parametrize("landed", [False, True])
+def test_a_mirror_whose_creation_lost_the_store_s_answer_is_looked_at_again(
+    landed: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's error on a mirror's creating put (seen on S3 through the faulty proxy: the
+    job stopped at its start with a traceback): the put either did not land or landed with its
+    answer lost; either way the job looks again and goes on with one mirror."""
+    uri = str(tmp_path / "accounts")
+    create = DeltaTable.create
+    attempts: list[int] = []
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        attempts.append(1)
+        if len(attempts) == 1:
+            if landed:
+                create(*args, **kwargs)
+            raise OSError("Generic S3 error: Error performing PUT ... operation timed out")
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(DeltaTable, "create", flaky)
+    ensure_mirror(None, uri, TableShape("accounts", ACCOUNTS), null_logger())  # type: ignore[arg-type]
+    assert len(attempts) == (1 if landed else 2)
+    table = DeltaTable(uri)
+    assert table.version() == 0
+    assert {f.name for f in table.schema().fields} >= {c.name for c in ACCOUNTS}
 
 
 def _maintained_on_second_read(uri: str, maintenance: str, evaluations: str) -> Any:
