@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
-from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
@@ -30,6 +29,7 @@ from pipeline.catalog import scan
 from pipeline.columns import mirror_uri
 from pipeline.shapes import TableShape
 from pipeline.values import numeric
+from runtime.storage import is_local
 
 Key = tuple[Any, ...]
 
@@ -123,8 +123,7 @@ class LandedTransactions:
             table = DeltaTable(self.uri)
         except TableNotFoundError:
             return 0
-        local = urlsplit(self.uri).scheme in ("", "file")
-        if not local or "deletionVectors" in (table.protocol().reader_features or []):
+        if not is_local(self.uri) or "deletionVectors" in (table.protocol().reader_features or []):
             ids = scan(table, ["server_transaction_id"]).column(0).to_pylist()
             return len(set(ids) - {""})
         known = self._ids

@@ -229,16 +229,23 @@ def commit_once(table: str, commit: Callable[[], R], batch_id: int, log: Logger)
     too. ``commit`` therefore first checks whether the table holds the batch (``holds_batch``),
     and returns without writing when it does.
     """
-    for attempt in Retrying(
-        retry=retry_if_exception(_is_retryable),
-        stop=stop_after_attempt(5),
-        wait=wait_exponential_jitter(multiplier=0.2, max=5),
-        before_sleep=functools.partial(_log_retry, log, table, batch_id),
-        reraise=True,
-    ):
+    for attempt in store_retrying(before_sleep=functools.partial(_log_retry, log, table, batch_id)):
         with attempt:
             return commit()
     raise AssertionError("tenacity returns or raises")
+
+
+def store_retrying(**options: Any) -> Retrying:
+    """Attempts at a write to a Delta table, again after a conflict, the store's error or a
+    table created meanwhile (``_is_retryable``): each attempt must look first for what an
+    earlier one may have landed."""
+    return Retrying(
+        retry=retry_if_exception(_is_retryable),
+        stop=stop_after_attempt(5),
+        wait=wait_exponential_jitter(multiplier=0.2, max=5),
+        reraise=True,
+        **options,
+    )
 
 
 def _log_retry(

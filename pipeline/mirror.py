@@ -16,7 +16,6 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from pipeline.columns import KEYS_COLUMN, LAST_APPLIED_COLUMN, OPERATION, POSITION_COLUMN
 from pipeline.merges import (
@@ -30,13 +29,14 @@ from pipeline.merges import (
     narrowing_condition,
     quoted,
     sql_name,
+    store_retrying,
     table_version,
     utc_timestamps,
 )
 from pipeline.shapes import TableShape
 from pipeline.state.variables import LAST_APPLIED, row_variable
 from runtime.logs import Logger
-from runtime.storage import delta_storage_options, table_created_meanwhile
+from runtime.storage import delta_storage_options
 
 MIRROR_TARGET_FILE_BYTES = 16 * 1024 * 1024
 """Mirror files written by the driver MERGE stay about this size (bench/RESULTS.md, mirror size)."""
@@ -156,22 +156,13 @@ def _read_or_create(
     (a request timed out or cut: its put may have landed) or a table created meanwhile is tried
     again from the look: one lost answer at a job's start stopped it with a traceback (seen on
     MinIO through the suite's fault proxy)."""
-    for attempt in Retrying(
-        retry=retry_if_exception(_store_error),
-        stop=stop_after_attempt(5),
-        wait=wait_exponential_jitter(multiplier=0.2, max=5),
-        reraise=True,
-    ):
+    for attempt in store_retrying():
         with attempt:
             current = _read_mirror_metadata(uri)
             if current is None:
                 create_mirror(uri, struct, newer)
             return current
     raise AssertionError("tenacity returns or raises")
-
-
-def _store_error(error: BaseException) -> bool:
-    return isinstance(error, OSError) or table_created_meanwhile(error)
 
 
 def _generations_text(newer: dict[str, int]) -> str:
