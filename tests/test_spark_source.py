@@ -33,11 +33,10 @@ from ingest.sparksource.source import SourceOptions
 from runtime.logs import null_logger
 from tests.builders import captured_logger
 from tests.checks import (
-    ACCOUNTS,
     assert_mirrors_equal,
     compare_at_watermark,
     crash_seed,
-    hundred_thousand_rows,
+    existing_rows,
     start_after_setup,
 )
 from tests.delta_checks import assert_change_log_invariants, read_versions
@@ -53,6 +52,10 @@ from tests.scrapes import scrape_until, value
 from tests.test_snapshot import KEYS, landed_keys, snapshot_rows, spanner_keys
 
 JOB = "spark-source-test"
+CLUSTER_ACCOUNTS, CLUSTER_TRANSFERS, CLUSTER_ALL_TYPES = 15_000, 20_000, 2_000
+"""The cluster test's existing rows: 37,000, read in 7 parts of about 1 MiB, the driver killed
+after the second lands. 100,000 (the service's snapshot test, 15 parts) cost this test another
+55 s and 60 CPU-s alone on 2 cores, most of it the pipeline's first batch."""
 NO_WATCH = WatchedColumnsPoll(None, 10.0, null_logger())
 
 
@@ -61,7 +64,7 @@ def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
     new_database, tmp_path: Path
 ) -> None:
     """The Spark source on a loopback standalone cluster (two workers of one core) against the
-    emulator churning partitions every 5 to 10 s, writes all along. The snapshot of 100,000 rows
+    emulator churning partitions every 5 to 10 s, writes all along. The snapshot of 37,000 rows
     over 3 tables read in key ranges by the executors, its driver killed -9 mid-snapshot and
     restarted: no range done at the kill is read again (counted), every row at T0 lands once.
     Then kill -9 of an executor while batches run, then of the driver (its JVM with it),
@@ -69,7 +72,8 @@ def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
     cluster (its processor, RocksDB state and MERGE in the executors) loses a worker to kill -9
     mid-batch; its mirrors equal Spanner at the change log's W."""
     seed, rng = crash_seed()
-    database = new_database("googlesql", accounts=ACCOUNTS, existing=hundred_thousand_rows(seed))
+    existing = existing_rows(seed, CLUSTER_ACCOUNTS, CLUSTER_TRANSFERS, CLUSTER_ALL_TYPES)
+    database = new_database("googlesql", accounts=CLUSTER_ACCOUNTS, existing=existing)
     table = tmp_path / "changelog"
     cluster = StandaloneCluster(tmp_path / "spark")
     metrics_port = free_port()
@@ -94,6 +98,7 @@ def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
         PIPELINE_TRIGGER="available-now",
         PIPELINE_MASTER=cluster.master_url,
         PIPELINE_METRICS_PORT=str(pipeline_metrics_port),
+        PIPELINE_LOCAL_MERGE_MAX_ROWS="0",  # every MERGE by delta-spark, on the executors
         SPARK_LOCAL_IP="127.0.0.1",
     )
     cluster.start(workers=2)
@@ -174,7 +179,7 @@ def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
         keys = landed_keys(rows, name)
         assert max(keys.values()) == 1, f"seed {seed}: a {name} row landed twice"
         assert keys == spanner_keys(database, name, read_at, "googlesql"), f"seed {seed}"
-    assert len(rows) >= 100_000
+    assert len(rows) >= CLUSTER_ACCOUNTS + CLUSTER_TRANSFERS + CLUSTER_ALL_TYPES
     assert_change_log_invariants(table, after_t0)
     _, comparisons = compare_at_watermark(database, str(table), str(tmp_path / "mirrors"))
     assert_mirrors_equal(comparisons, f"seed {seed}")
@@ -207,7 +212,7 @@ def _lose_a_worker_mid_batch(
     cluster.wait_for_a_worker_besides(known)
     pipeline.wait_for("pipeline_batch", landed_before + 1, timeout=400, process=running)
     killed = [e for e in pipeline.events() if e["event"] == "pipeline_batch"][landed_before]
-    assert killed["rows"], "the batch in progress carried no rows"
+    assert killed["rows"] and killed["merged_on"] == "spark", killed
     assert "Lost executor" in pipeline.log.read_text(errors="replace")
 
 
