@@ -24,7 +24,10 @@ from tests.simulation import build_wide_topology
 from tests.spark_source_driver import command
 
 PARTITIONS = 2_000
-HORIZON_S = 20
+HORIZON_S = 12
+"""Seconds of stream time holding the changes and transactions: six batches of at most 2 s, the
+kill after one to four. 20 s cost each run about 25 CPU-s more (alone on 2 cores), mostly
+every partition's heartbeats read and served."""
 
 
 def serve(script: Script, path: Path) -> tuple[subprocess.Popen[str], int]:
