@@ -9,6 +9,12 @@ import pytest
 from deltalake import DeltaTable
 
 from emulator.verify import LandedTransactions, landed_transactions
+from ingest.contract.changelog import (
+    CHECKPOINT_KEY,
+    checkpoints_newest_first,
+    from_json,
+    newest_checkpoint,
+)
 from ingest.delta.sink import DeltaChangeLogSink, Maintenance, WriterFenced
 from ingest.delta.snapshot_files import SnapshotFileWriter, read_keys
 from ingest.model.records import ColumnType, Mod, Transaction
@@ -120,6 +126,28 @@ def test_maintenance_never_changes_what_was_landed(tmp_path: Path) -> None:
     assert list((tmp_path / "t" / "_delta_log").glob("*.checkpoint.parquet"))
     latest = sink.latest_checkpoint()
     assert latest is not None and latest.version == 12
+
+
+def test_checkpoints_read_newest_first_in_pages_are_the_whole_history_s(tmp_path: Path) -> None:
+    """The sink's replay check and ``newest_checkpoint`` read the history in growing pages; over
+    commits with and without checkpoints (the maintenance's), every page size yields each
+    checkpoint once, newest first, as one read of the whole history does."""
+    uri = str(tmp_path / "t")
+    land_commits(uri, Maintenance(3, 5), 12)
+    table = DeltaTable(uri)
+    whole = [
+        (int(c["version"]), from_json(c[CHECKPOINT_KEY]))
+        for c in table.history()
+        if CHECKPOINT_KEY in c
+    ]
+    assert [checkpoint.version for _, checkpoint in whole] == list(range(12, 0, -1))
+    assert len(whole) < len(table.history())  # the maintenance's commits carry none
+    for pages in ((1, 2, 5, None), (1, 50, None), (8, None), (None,)):
+        assert list(checkpoints_newest_first(table, pages)) == whole, pages
+    newest_four = list(checkpoints_newest_first(table, (3, 4)))  # no page of the whole history
+    assert newest_four and newest_four == whole[: len(newest_four)]
+    assert all(version >= table.version() - 3 for version, _ in newest_four)
+    assert newest_checkpoint(table) == whole[0]
 
 
 def test_the_tests_count_of_landed_transactions_read_by_new_files_follows_compactions(

@@ -9,7 +9,7 @@ Imports only ``ingest.model``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -275,14 +275,28 @@ def _snapshot_from_json(data: dict[str, Any]) -> SnapshotProgress:
     )
 
 
-def newest_checkpoint(table: DeltaTable) -> tuple[int, Checkpoint] | None:
-    """The newest commit carrying a checkpoint, whichever job wrote it: its table version and
-    checkpoint; None when no commit carries one. The newest commits first: nearly every commit
-    carries one, and reading the whole history costs what the log's length does (31 ms of CPU
-    at 300 versions, a test polling it five times a second)."""
-    for limit in (8, None):
-        for commit in table.history(limit):
-            text = commit.get(CHECKPOINT_KEY)
+def checkpoints_newest_first(
+    table: DeltaTable, pages: Sequence[int | None] = (8, None)
+) -> Iterator[tuple[int, Checkpoint]]:
+    """Each commit's checkpoint with its table version, whichever job wrote it, the newest
+    first; the history read in growing ``pages`` of commits (None: all of it), each commit once.
+    The one wanted is nearly always among the newest, and reading the whole history costs what
+    the log's length does (31 ms of CPU at 300 versions, a test polling five times a second)."""
+    below: int | None = None  # the oldest version read so far
+    for limit in pages:
+        commits = table.history(limit)
+        for commit in commits:
+            version = int(commit["version"])
+            if below is not None and version >= below:
+                continue
+            below, text = version, commit.get(CHECKPOINT_KEY)
             if text is not None:
-                return int(commit["version"]), from_json(text)
-    return None
+                yield version, from_json(text)
+        if limit is None or len(commits) < limit:
+            return
+
+
+def newest_checkpoint(table: DeltaTable) -> tuple[int, Checkpoint] | None:
+    """The newest commit carrying a checkpoint: its table version and checkpoint; None when no
+    commit carries one."""
+    return next(checkpoints_newest_first(table), None)

@@ -35,7 +35,7 @@ from ingest.contract.changelog import (
     PARTITION_COLUMNS,
     SCHEMA,
     Checkpoint,
-    from_json,
+    checkpoints_newest_first,
     to_json,
 )
 from ingest.delta import changelog
@@ -150,14 +150,9 @@ class DeltaChangeLogSink:
     def _checkpoint_at(self, table: DeltaTable, version: int) -> Checkpoint | None:
         """The newest commit first: a commit's checkpoint lists every partition (hundreds of
         KiB at thousands of partitions), and the version asked for is usually the newest."""
-        for limit in (1, 50, None):
-            for commit in table.history(limit):
-                text = commit.get(CHECKPOINT_KEY)
-                if text is None:
-                    continue
-                checkpoint = from_json(text)
-                if checkpoint.job_id == self._job_id and checkpoint.version == version:
-                    return checkpoint
+        for _, checkpoint in checkpoints_newest_first(table, pages=(1, 50, None)):
+            if checkpoint.job_id == self._job_id and checkpoint.version == version:
+                return checkpoint
         return None
 
     def continue_after(self, checkpoint: Checkpoint | None) -> None:
