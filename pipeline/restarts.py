@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pipeline.batch_writer import JobStats
 from pipeline.catalog import version_holding
 from pipeline.config import PipelineConfig
+from pipeline.files_gone import changelog_files_gone, mirror_files_gone
 from pipeline.foreign_commits import TABLE_CHANGED_BEHIND_JOB
 from pipeline.metrics import PipelineMetrics
 from pipeline.processor import ROW_NOT_APPLICABLE, SOURCE_SCHEMA_CHANGED, STATE_ROUNDTRIP_MISMATCH
@@ -66,7 +67,11 @@ STATE_UNREADABLE_MARKERS = ("CANNOT_LOAD_STATE_STORE", "CANNOT_READ_STATE_STORE"
 
 def restart_reason(error: BaseException, in_a_row: int, config: PipelineConfig) -> str:
     """Why a failed query restarts on the same checkpoint; PipelineFailed when it must not."""
-    unreadable = _unreadable_state(error, config) or _changelog_files_gone(error, config)
+    unreadable = (
+        _unreadable_state(error, config)
+        or changelog_files_gone(str(error), config)
+        or mirror_files_gone(str(error), config)
+    )
     if unreadable is not None:
         raise PipelineFailed(unreadable) from error
     reason = next((m for m in RESTART_MARKERS if m in str(error)), None)
@@ -89,27 +94,6 @@ def _unreadable_state(error: BaseException, config: PipelineConfig) -> str | Non
         "restarting reads the same files: stop the job, run `python -m pipeline rebase` with "
         "the same change log, mirrors and checkpoint (a new state generation seeded from the "
         "mirrors), then start the job again (docs/operations.md, Rebase)"
-    )
-
-
-CHANGELOG_FILE_GONE = "FAILED_READ_FILE.FILE_NOT_EXIST"
-
-
-def _changelog_files_gone(error: BaseException, config: PipelineConfig) -> str | None:
-    """The line for a change-log data file the job had still to read and that is gone: a VACUUM
-    with a retention shorter than the job's stop removed it after the ingest's compaction had
-    rewritten its rows (the stream reads the files of each version, not the compacted ones).
-    Restarting reads the same versions; the rows are still in the change log's newest version."""
-    text = str(error)
-    where = config.changelog_uri.split("://", 1)[-1].rstrip("/")  # s3:// reads as s3a://
-    if CHANGELOG_FILE_GONE not in text or where not in text:
-        return None
-    return (
-        f"CHANGELOG_FILES_REMOVED: a data file of {config.changelog_uri} that the job has not "
-        "read yet is gone (a VACUUM with a retention shorter than the job's stop); restarting "
-        "reads the same versions: stop the job, delete its checkpoint and its mirror root, and "
-        "start it again (it reads the change log whole), and keep the change log's VACUUM "
-        "retention above the longest stop (docs/operations.md)"
     )
 
 

@@ -27,6 +27,7 @@ from pipeline import catalog as pipeline_catalog
 from pipeline.catalog import discover_shapes, scan
 from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
+from pipeline.files_gone import changelog_files_gone, mirror_files_gone
 from pipeline.job import run_pipeline
 from pipeline.landing import write_batch
 from pipeline.merges import commit_once
@@ -419,6 +420,51 @@ def test_a_change_log_vacuumed_under_a_stopped_job_stops_it_with_one_line(
     table.vacuum(0, dry_run=False, enforce_retention_duration=False)
     with pytest.raises(PipelineFailed, match=r"^CHANGELOG_FILES_REMOVED: a data file of "):
         run(spark, config)
+
+
+@pytest.mark.parametrize("local_merge_max_rows", [50_000, 0], ids=["delta-rs", "spark"])
+def test_a_mirror_file_deleted_behind_the_job_stops_it_with_one_line_naming_the_mirror(
+    spark, tmp_path: Path, local_merge_max_rows: int
+) -> None:
+    """A data file the mirror's log lists, deleted (as delta-spark's VACUUM FULL of retention 0
+    did beside the job, pipeline/NOTES.md): each MERGE path stops the job with a line naming the
+    mirror and the rebuild, instead of the store's error."""
+    config = configure(tmp_path, local_merge_max_rows=local_merge_max_rows)
+    changelog = ChangeLog(config.changelog_uri)
+    seed(changelog)
+    run(spark, config)
+    accounts = mirror_uri(config.mirror_root, "accounts")
+    for file in DeltaTable(accounts).file_uris():
+        Path(file.removeprefix("file://")).unlink()
+    changelog.commit(("accounts", "UPDATE", {"account_id": "1"}, {"owner": "x"}))
+    changelog.land()
+    with pytest.raises(PipelineFailed, match=r"^MIRROR_FILES_REMOVED: mirror accounts lists "):
+        run(spark, config)
+
+
+def test_a_missing_file_is_told_by_the_table_it_lies_in() -> None:
+    """Spark names a missing file by its URI (s3a:// for s3://), delta-rs on S3 by its key in
+    the bucket, and a failed query's text names the change log besides: the file decides."""
+    config = PipelineConfig(
+        changelog_uri="s3://b/cdc/changelog",
+        mirror_root="s3://b/cdc/mirrors",
+        history_root="s3://b/cdc/history",
+    )
+    spark_history = (
+        "[FAILED_READ_FILE.FILE_NOT_EXIST] Encountered error while reading file "
+        "s3a://b/cdc/history/accounts/part-1.parquet. File does not exist. It is possible ...\n"
+        "=== Streaming Query ===\nDeltaSource[s3a://b/cdc/changelog]"
+    )
+    assert changelog_files_gone(spark_history, config) is None
+    line = mirror_files_gone(spark_history, config)
+    assert line and line.startswith("MIRROR_FILES_REMOVED: history accounts lists "), line
+    delta_rs = "Generic error: Object at location cdc/mirrors/transfers/part-2.parquet not found"
+    line = mirror_files_gone(delta_rs, config)
+    assert line and line.startswith("MIRROR_FILES_REMOVED: mirror transfers lists "), line
+    assert "(part-2.parquet;" in line
+    changelog = spark_history.replace("history/accounts", "changelog")
+    assert mirror_files_gone(changelog, config) is None
+    assert changelog_files_gone(changelog, config)
 
 
 def test_a_batch_of_wide_rows_goes_to_spark_however_few_they_are(spark, tmp_path: Path) -> None:
