@@ -78,10 +78,10 @@ image: test-base
 		--build-arg PYTHON_IMAGE=$(TEST_BASE) \
 		-t $(IMAGE) .
 
-# What the tests need before they start, made side by side: the checks and the jars wait for the
-# venv; MinIO waits for nothing of these. The image and the class archive are made beside the
+# What the tests need before they start, made side by side: the jars wait for the venv; MinIO
+# waits for nothing of these. The checks (lint), the image and the class archive run beside the
 # tests (below).
-test-prerequisites: lint spark-jars object-stores
+test-prerequisites: venv spark-jars object-stores
 
 # `make test` builds the image and Spark's class archive beside the tests rather than before
 # them: on a new machine the image takes minutes (debootstrap, then the image's apt, pip and
@@ -89,19 +89,26 @@ test-prerequisites: lint spark-jars object-stores
 # tests they do not concern need not wait for. A test that needs one waits for it while its build
 # makes progress (the folder's log, status and pid; tests/background_builds.py): the image test,
 # and the in-process Spark sessions, whose JVM must map the archive. The suite fails if a build
-# failed.
+# failed. The checks (ruff, mypy: 10 s that the first tests need not wait for) print their log
+# after the tests', and the suite fails if they did.
 IMAGE_BUILD := .image-build
 CLASS_ARCHIVE_BUILD := .class-archive-build
+CHECKS := .checks
 test:
-	rm -rf $(IMAGE_BUILD) $(CLASS_ARCHIVE_BUILD) && mkdir -p $(IMAGE_BUILD) $(CLASS_ARCHIVE_BUILD)
+	rm -rf $(IMAGE_BUILD) $(CLASS_ARCHIVE_BUILD) $(CHECKS) \
+	  && mkdir -p $(IMAGE_BUILD) $(CLASS_ARCHIVE_BUILD) $(CHECKS)
 	( $(MAKE) image > $(IMAGE_BUILD)/log 2>&1; echo $$? > $(IMAGE_BUILD)/status ) & \
 	echo $$! > $(IMAGE_BUILD)/pid; \
 	$(MAKE) -j4 --output-sync=target test-prerequisites \
-	&& { ( $(MAKE) class-archive > $(CLASS_ARCHIVE_BUILD)/log 2>&1; \
+	&& { ( $(MAKE) lint > $(CHECKS)/log 2>&1; echo $$? > $(CHECKS)/status ) & \
+	     ( $(MAKE) class-archive > $(CLASS_ARCHIVE_BUILD)/log 2>&1; \
 	       echo $$? > $(CLASS_ARCHIVE_BUILD)/status ) & \
 	     echo $$! > $(CLASS_ARCHIVE_BUILD)/pid; \
 	     $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15; }; \
-	status=$$?; wait; exit $$status
+	status=$$?; wait; \
+	if [ -f $(CHECKS)/status ]; then \
+	  cat $(CHECKS)/log; [ "$$(cat $(CHECKS)/status)" = 0 ] || status=1; fi; \
+	exit $$status
 
 # The suite with one core kept busy by a CPU-bound loop beside it: green on a loaded machine.
 test-under-load:
