@@ -33,14 +33,8 @@ def hundred_thousand_rows(seed: int) -> Callable[[Any], int]:
     """The snapshot tests' existing rows over three tables (with ``ACCOUNTS`` accounts), for
     ``new_database(existing=...)``: written before the change streams exist, as in a database a
     user starts capturing. all_types rows cost the pipeline most (every type): few of them."""
-    return existing_rows(seed, ACCOUNTS, transfers=55_000, all_types=5_000)
-
-
-def existing_rows(seed: int, accounts: int, transfers: int, all_types: int) -> Callable[[Any], int]:
-    """``accounts`` accounts, ``transfers`` transfers between them and ``all_types`` rows, for
-    ``new_database(accounts=accounts, existing=...)``."""
     return lambda database: load_existing_rows(
-        database, accounts, transfers=transfers, all_types=all_types, seed=seed
+        database, ACCOUNTS, transfers=55_000, all_types=5_000, seed=seed
     )
 
 

@@ -126,12 +126,12 @@ def test_googlesql_live_tail_under_partition_churn(
     for attempt in range(2):
         database = fast_churn_database("googlesql")
         printed, events, committed, seconds = tail_while_committing(
-            database, tmp_path / str(attempt), transactions=1400, rate=45, seed=7 + attempt
+            database, tmp_path / str(attempt), transactions=2000, rate=60, seed=7 + attempt
         )
         dialect = Dialect.GOOGLE_STANDARD_SQL
         if not classified_omissions(database, printed, events, committed, dialect, record_property):
             break
-    assert len(committed) == 1400 and seconds >= 30
+    assert len(committed) == 2000 and seconds >= 30  # issue 2: 2,000 or more over 30 s or more
     assert_matches_committed(printed, committed)
     lineage = assert_partition_lineage(events)
     assert lineage["splits"] >= 5 and lineage["merges"] >= 5, lineage
