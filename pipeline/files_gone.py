@@ -25,29 +25,26 @@ def missing_files(text: str) -> list[str]:
     return [path for pattern in MISSING_FILE_PATTERNS for path in re.findall(pattern, text)]
 
 
-def changelog_files_gone(text: str, config: PipelineConfig) -> str | None:
-    """The line for a change-log data file the job had still to read and that is gone: a VACUUM
-    with a retention shorter than the job's stop removed it after the ingest's compaction had
-    rewritten its rows (the stream reads the files of each version, not the compacted ones).
-    Restarting reads the same versions; the rows are still in the change log's newest version."""
-    gone = [path for path in missing_files(text) if _folder_under(path, config.changelog_uri)]
-    if not gone:
-        return None
-    return (
-        f"{CHANGELOG_FILES_REMOVED}: a data file of {config.changelog_uri} that the job has not "
-        "read yet is gone (a VACUUM with a retention shorter than the job's stop); restarting "
-        "reads the same versions: stop the job, delete its checkpoint and its mirror root, and "
-        "start it again (it reads the change log whole), and keep the change log's VACUUM "
-        "retention above the longest stop (docs/operations.md)"
-    )
+def files_gone_line(text: str, config: PipelineConfig) -> str | None:
+    """The line for a data file an error says is gone, by the table it lies in; None when the
+    error names no such file.
 
-
-def mirror_files_gone(text: str, config: PipelineConfig) -> str | None:
-    """The line for a mirror's (or a history's) data file that its log still lists and that is
-    gone: a Spark VACUUM FULL of retention 0 beside the job (pipeline/NOTES.md) or a file deleted
-    by hand. Every MERGE into that table reads the same log; its rows are only in the change
-    log."""
-    for path in missing_files(text):
+    The change log's: a VACUUM with a retention shorter than the job's stop removed it after the
+    ingest's compaction had rewritten its rows (the stream reads the files of each version, not
+    the compacted ones); its rows are still in the change log's newest version. A mirror's (or a
+    history's): a Spark VACUUM FULL of retention 0 beside the job (pipeline/NOTES.md) or a file
+    deleted by hand; every MERGE into that table reads the same log, and its rows are only in
+    the change log."""
+    paths = missing_files(text)
+    if any(_folder_under(path, config.changelog_uri) for path in paths):
+        return (
+            f"{CHANGELOG_FILES_REMOVED}: a data file of {config.changelog_uri} that the job has "
+            "not read yet is gone (a VACUUM with a retention shorter than the job's stop); "
+            "restarting reads the same versions: stop the job, delete its checkpoint and its "
+            "mirror root, and start it again (it reads the change log whole), and keep the "
+            "change log's VACUUM retention above the longest stop (docs/operations.md)"
+        )
+    for path in paths:
         for kind, root in (("mirror", config.mirror_root), ("history", config.history_root)):
             folder = _folder_under(path, root)
             if folder:

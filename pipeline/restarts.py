@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pipeline.batch_writer import JobStats
 from pipeline.catalog import version_holding
 from pipeline.config import PipelineConfig
-from pipeline.files_gone import changelog_files_gone, mirror_files_gone
+from pipeline.files_gone import files_gone_line
 from pipeline.foreign_commits import TABLE_CHANGED_BEHIND_JOB
 from pipeline.metrics import PipelineMetrics
 from pipeline.processor import ROW_NOT_APPLICABLE, SOURCE_SCHEMA_CHANGED, STATE_ROUNDTRIP_MISMATCH
@@ -67,11 +67,7 @@ STATE_UNREADABLE_MARKERS = ("CANNOT_LOAD_STATE_STORE", "CANNOT_READ_STATE_STORE"
 
 def restart_reason(error: BaseException, in_a_row: int, config: PipelineConfig) -> str:
     """Why a failed query restarts on the same checkpoint; PipelineFailed when it must not."""
-    unreadable = (
-        _unreadable_state(error, config)
-        or changelog_files_gone(str(error), config)
-        or mirror_files_gone(str(error), config)
-    )
+    unreadable = _unreadable_state(error, config) or files_gone_line(str(error), config)
     if unreadable is not None:
         raise PipelineFailed(unreadable) from error
     reason = next((m for m in RESTART_MARKERS if m in str(error)), None)

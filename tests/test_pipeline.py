@@ -27,7 +27,7 @@ from pipeline import catalog as pipeline_catalog
 from pipeline.catalog import discover_shapes, scan
 from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
-from pipeline.files_gone import changelog_files_gone, mirror_files_gone
+from pipeline.files_gone import files_gone_line
 from pipeline.job import run_pipeline
 from pipeline.landing import write_batch
 from pipeline.merges import commit_once
@@ -455,16 +455,16 @@ def test_a_missing_file_is_told_by_the_table_it_lies_in() -> None:
         "s3a://b/cdc/history/accounts/part-1.parquet. File does not exist. It is possible ...\n"
         "=== Streaming Query ===\nDeltaSource[s3a://b/cdc/changelog]"
     )
-    assert changelog_files_gone(spark_history, config) is None
-    line = mirror_files_gone(spark_history, config)
+    line = files_gone_line(spark_history, config)
     assert line and line.startswith("MIRROR_FILES_REMOVED: history accounts lists "), line
     delta_rs = "Generic error: Object at location cdc/mirrors/transfers/part-2.parquet not found"
-    line = mirror_files_gone(delta_rs, config)
+    line = files_gone_line(delta_rs, config)
     assert line and line.startswith("MIRROR_FILES_REMOVED: mirror transfers lists "), line
     assert "(part-2.parquet;" in line
     changelog = spark_history.replace("history/accounts", "changelog")
-    assert mirror_files_gone(changelog, config) is None
-    assert changelog_files_gone(changelog, config)
+    line = files_gone_line(changelog, config)
+    assert line and line.startswith("CHANGELOG_FILES_REMOVED: a data file of "), line
+    assert files_gone_line("DeltaSource[s3a://b/cdc/changelog] failed", config) is None
 
 
 def test_a_batch_of_wide_rows_goes_to_spark_however_few_they_are(spark, tmp_path: Path) -> None:
