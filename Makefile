@@ -18,7 +18,7 @@ venv: $(STAMP)
 # the jars, MinIO. Each is made under a new name, then renamed, so two clones never share a half.
 CACHE := $(HOME)/.cache/spanner-delta-cdc
 
-# The venv by uv, a pinned copy installed once into the cache with the system's pip: uv links the
+# The venv by uv, a pinned copy installed once into a venv of its own in the cache: uv links the
 # packages from its own cache instead of unpacking them (pip took 45-55 s a clone: resolving
 # against the index, unpacking PySpark's jars, compiling). It installs from its cache alone first,
 # and asks the index only when a package is missing there. The packages' bytecode and the
@@ -26,12 +26,13 @@ CACHE := $(HOME)/.cache/spanner-delta-cdc
 # (this machine's shells set it), every process would compile every module it imports again, and
 # the suite ran far slower.
 UV_VERSION := 0.13.9
-UV := $(CACHE)/uv-$(UV_VERSION)/bin/uv
+UV_HOME := $(CACHE)/uv-$(UV_VERSION)
+UV := $(UV_HOME)/bin/uv
 $(UV):
-	rm -rf $(CACHE)/uv-$(UV_VERSION).new
-	$(PYTHON) -m pip install --quiet --root-user-action=ignore --disable-pip-version-check \
-	  --target $(CACHE)/uv-$(UV_VERSION).new uv==$(UV_VERSION)
-	rm -rf $(CACHE)/uv-$(UV_VERSION) && mv $(CACHE)/uv-$(UV_VERSION).new $(CACHE)/uv-$(UV_VERSION)
+	rm -rf $(UV_HOME).new
+	$(PYTHON) -m venv $(UV_HOME).new
+	$(UV_HOME).new/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	rm -rf $(UV_HOME) && mv $(UV_HOME).new $(UV_HOME)
 
 $(STAMP): pyproject.toml | $(UV)
 	test -x $(PY) || $(UV) venv --quiet --python $(PYTHON) $(VENV)
