@@ -15,8 +15,10 @@ STAMP := $(VENV)/.installed
 venv: $(STAMP)
 
 # What make fetches is kept in this user's cache, so a new clone takes it in a second: uv (below),
-# the jars, MinIO. Each is made under a new name, then renamed, so two clones never share a half.
+# the jars, MinIO. $(call into_cache,DIR,COMMAND): COMMAND makes DIR.new, which then replaces DIR
+# whole, so two clones never share a half-made one.
 CACHE := $(HOME)/.cache/spanner-delta-cdc
+into_cache = rm -rf $(1).new && $(2) && rm -rf $(1) && mv $(1).new $(1)
 
 # The venv by uv, a pinned copy installed once into a venv of its own in the cache: uv links the
 # packages from its own cache instead of unpacking them (pip took 45-55 s a clone: resolving
@@ -29,10 +31,8 @@ UV_VERSION := 0.13.9
 UV_HOME := $(CACHE)/uv-$(UV_VERSION)
 UV := $(UV_HOME)/bin/uv
 $(UV):
-	rm -rf $(UV_HOME).new
-	$(PYTHON) -m venv $(UV_HOME).new
-	$(UV_HOME).new/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
-	rm -rf $(UV_HOME) && mv $(UV_HOME).new $(UV_HOME)
+	$(call into_cache,$(UV_HOME),$(PYTHON) -m venv $(UV_HOME).new \
+	  && $(UV_HOME).new/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION))
 
 $(STAMP): pyproject.toml | $(UV)
 	test -x $(PY) || $(UV) venv --quiet --python $(PYTHON) $(VENV)
@@ -51,9 +51,8 @@ class-archive: .jars/spark-classes.jsa
 # the recipe's fetch that follows, then kept.
 JARS_CACHE := $(CACHE)/jars-$(shell sha256sum pipeline/session.py | cut -c1-16)
 cached = if [ -f $(JARS_CACHE)/$(2)/.fetched ]; then mkdir -p $(1) && cp $(JARS_CACHE)/$(2)/*.jar $(1)/; \
-	else $(3) && rm -rf $(JARS_CACHE)/$(2).new && mkdir -p $(JARS_CACHE)/$(2).new \
-	&& cp $(1)/*.jar $(JARS_CACHE)/$(2).new/ && touch $(JARS_CACHE)/$(2).new/.fetched \
-	&& rm -rf $(JARS_CACHE)/$(2) && mv $(JARS_CACHE)/$(2).new $(JARS_CACHE)/$(2); fi
+	else $(3) && $(call into_cache,$(JARS_CACHE)/$(2),mkdir -p $(JARS_CACHE)/$(2).new \
+	&& cp $(1)/*.jar $(JARS_CACHE)/$(2).new/ && touch $(JARS_CACHE)/$(2).new/.fetched); fi
 
 # Delta jars for Spark, resolved once from Maven Central so nothing downloads at test or run time.
 .jars/.fetched: $(STAMP) pipeline/session.py
@@ -84,9 +83,8 @@ $(TOOLS)/minio: | $(MINIO_CACHE)/minio
 
 # go install links MINIO_MODULE's binary in 8-9 s a clone, even with Go's build cache warm.
 $(MINIO_CACHE)/minio:
-	rm -rf $(MINIO_CACHE).new
-	GOBIN=$(MINIO_CACHE).new GOFLAGS=-modcacherw go install -trimpath $(MINIO_MODULE)
-	rm -rf $(MINIO_CACHE) && mv $(MINIO_CACHE).new $(MINIO_CACHE)
+	$(call into_cache,$(MINIO_CACHE),GOBIN=$(MINIO_CACHE).new GOFLAGS=-modcacherw \
+	  go install -trimpath $(MINIO_MODULE))
 
 # The repository's image, built as users build it (buildah's chroot isolation: a sandboxed
 # builder) from a Debian base made with debootstrap once (deploy/test-base.sh), for the
