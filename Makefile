@@ -50,19 +50,44 @@ class-archive: .jars/spark-classes.jsa
 # on two cores). $(call cached,FOLDER,KEY): FOLDER's jars from the cache when there, else from
 # the recipe's fetch that follows, then kept.
 JARS_CACHE := $(CACHE)/jars-$(shell sha256sum pipeline/session.py | cut -c1-16)
-cached = if [ -f $(JARS_CACHE)/$(2)/.fetched ]; then mkdir -p $(1) && cp $(JARS_CACHE)/$(2)/*.jar $(1)/; \
+cached = if [ -f $(JARS_CACHE)/$(2)/.fetched ]; then mkdir -p $(1) && $(call link,$(JARS_CACHE)/$(2)/*.jar,$(1)/); \
 	else $(3) && $(call into_cache,$(JARS_CACHE)/$(2),mkdir -p $(JARS_CACHE)/$(2).new \
-	&& cp $(1)/*.jar $(JARS_CACHE)/$(2).new/ && touch $(JARS_CACHE)/$(2).new/.fetched); fi
+	&& $(call link,$(1)/*.jar,$(JARS_CACHE)/$(2).new/) && touch $(JARS_CACHE)/$(2).new/.fetched); fi
+# Files hard-linked (one copy, and the same files the shared class archive below names), copied
+# where the cache is on another filesystem.
+link = { cp -l $(1) $(2) 2> /dev/null || cp $(1) $(2); }
 
 # Delta jars for Spark, resolved once from Maven Central so nothing downloads at test or run time.
 .jars/.fetched: $(STAMP) pipeline/session.py
 	$(call cached,.jars,delta,$(PY) -m pipeline.session fetch .jars --no-class-archive)
 	touch .jars/.fetched
 
-# The class archive of Spark's driver, made from the venv's Spark and the jars above
-# (runtime/jvm.py): a driver started without it works, with more CPU.
-.jars/spark-classes.jsa: .jars/.fetched pipeline/class_archive.py
-	$(PY) -m pipeline.session fetch .jars --only-class-archive
+# The class archive of Spark's driver (runtime/jvm.py): a driver started without it works, with
+# more CPU. Made once per key in the cache, from a venv and jars of the cache's own, and
+# hard-linked into each clone: a JVM maps an archive whose class path names other paths to the
+# same files, which uv's links and the jars' above are (pipeline/class_archive.py). A clone it
+# does not fit (the JVM says so at once) makes its own, from its own venv and jars, as each clone
+# did before (about 50 CPU-s beside the first tests). Two clones wait on one lock to make it.
+ARCHIVE_KEY := $(shell { cat pyproject.toml pipeline/session.py pipeline/class_archive.py \
+	runtime/jvm.py; java -version 2>&1; } | sha256sum | cut -c1-16)
+SHARED_ARCHIVE := $(CACHE)/class-archive-$(ARCHIVE_KEY)
+.jars/spark-classes.jsa: .jars/.fetched pipeline/class_archive.py runtime/jvm.py
+	mkdir -p $(CACHE) && flock $(CACHE)/.class-archive.lock \
+	  $(MAKE) --no-print-directory $(SHARED_ARCHIVE)/.made || true
+	$(PY) -m pipeline.class_archive reuse $(SHARED_ARCHIVE)/jars .jars \
+	  || $(PY) -m pipeline.session fetch .jars --only-class-archive
+	touch $@
+
+# Where it was made stays in the cache: the archive names these paths, and a JVM checks them.
+$(SHARED_ARCHIVE)/.made: | $(UV)
+	rm -rf $(SHARED_ARCHIVE) && mkdir -p $(SHARED_ARCHIVE)/jars
+	$(UV) venv --quiet --python $(PYTHON) $(SHARED_ARCHIVE)/venv
+	$(UV) pip install --quiet --python $(SHARED_ARCHIVE)/venv/bin/python --offline \
+	  -r pyproject.toml --extra test
+	cp -l .jars/*.jar $(SHARED_ARCHIVE)/jars/
+	PYTHONPATH=$(CURDIR) $(SHARED_ARCHIVE)/venv/bin/python -m pipeline.session fetch \
+	  $(SHARED_ARCHIVE)/jars --only-class-archive
+	touch $@
 
 # S3A's jars into .jars/s3/, side by side with the above (they are not in the class archive).
 .jars/s3/.fetched: $(STAMP) pipeline/session.py

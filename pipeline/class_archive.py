@@ -9,6 +9,11 @@ options; then ``java -Xshare:dump`` archives those classes with them. Delta's ja
 driver's class path (``runtime.jvm.driver_java_options``), so their classes are archived too;
 jars a session adds for an object store (S3A's) are loaded by Spark's own class loader and are
 not.
+
+A JVM also maps an archive whose class path names other paths to the same files (hard links).
+So ``make`` makes one archive per key in its cache, from a venv and jars of the cache's own, and
+each clone, whose venv and jars are hard links of the same cached files, takes it (``reuse``)
+once ``java -Xshare:on`` has shown that its driver maps it; a clone it does not fit makes its own.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 
 from runtime.jvm import CLASS_ARCHIVE
 from runtime.storage import JARS_VARIABLE
+
+MADE_WITH = "spark-classes.json"
+"""Beside the archive: the class path and module options it was dumped with, and where that
+class path's Spark and jars were (``reuse`` maps them to a clone's)."""
 
 
 def make_archive(jars: Path) -> Path:
@@ -58,8 +67,45 @@ def make_archive(jars: Path) -> Path:
         dumped = subprocess.run(dump, capture_output=True, text=True)
     if dumped.returncode != 0 or not partial.is_file():
         raise RuntimeError(f"java -Xshare:dump failed: {dumped.stdout[-2000:]}")
+    (jars / MADE_WITH).write_text(json.dumps({**driver, "jars": str(jars)}))
     partial.replace(archive)
     return archive
+
+
+def reuse_archive(made: Path, jars: Path) -> str | None:
+    """Hard-link the archive in ``made`` into ``jars`` when this venv's driver maps it; else
+    the JVM's reason, and nothing linked. The archive's class path is mapped to this venv's
+    Spark and ``jars``, and ``java -Xshare:on`` fails at once on an archive it refuses (a driver
+    would run without it, silently)."""
+    import pyspark
+
+    dumped = json.loads((made / MADE_WITH).read_text())
+    moved = {dumped["spark_home"]: str(Path(pyspark.__file__).parent), dumped["jars"]: str(jars)}
+    classpath = os.pathsep.join(
+        _moved(entry, moved) for entry in dumped["classpath"].split(os.pathsep)
+    )
+    archive = f"-XX:SharedArchiveFile={made / CLASS_ARCHIVE}"
+    command = [_java(), "-Xshare:on", archive, *dumped["modules"], "-cp", classpath, "-version"]
+    checked = subprocess.run(command, capture_output=True, text=True)
+    if checked.returncode != 0:
+        return (checked.stderr.strip().splitlines() or ["no output"])[-1]
+    for name in (MADE_WITH, CLASS_ARCHIVE):  # each whole or none, for a driver starting now
+        partial = jars / f"{name}.part"
+        partial.unlink(missing_ok=True)
+        try:
+            os.link(made / name, partial)
+        except OSError as error:  # another filesystem
+            return str(error)
+        partial.replace(jars / name)
+    return None
+
+
+def _moved(entry: str, moved: dict[str, str]) -> str:
+    """A class path entry under one of ``moved``'s folders, under its new one."""
+    for old, new in moved.items():
+        if entry == old or entry.startswith(old + os.sep):
+            return new + entry[len(old) :]
+    return entry
 
 
 def _java() -> str:
@@ -92,7 +138,11 @@ def _load_classes(work: Path, class_list: Path) -> None:
     jvm = spark._jvm
     arguments = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
     modules = [str(a) for a in arguments if str(a).startswith("--add-modules")]
-    print(json.dumps({"classpath": jvm.System.getProperty("java.class.path"), "modules": modules}))
+    import pyspark
+
+    classpath = jvm.System.getProperty("java.class.path")
+    spark_home = str(Path(pyspark.__file__).parent)
+    print(json.dumps({"classpath": classpath, "modules": modules, "spark_home": spark_home}))
     spark.stop()
 
 
@@ -129,6 +179,15 @@ class _Counter(StatefulProcessor):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["load"]:
-        sys.exit("usage: python -m pipeline.class_archive load WORK_DIR CLASS_LIST")
-    _load_classes(Path(sys.argv[2]), Path(sys.argv[3]))
+    if sys.argv[1:2] == ["load"] and len(sys.argv) == 4:
+        _load_classes(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif sys.argv[1:2] == ["reuse"] and len(sys.argv) == 4:
+        refused = reuse_archive(Path(sys.argv[2]), Path(sys.argv[3]).resolve())
+        if refused:
+            sys.exit(f"the class archive in {sys.argv[2]} does not fit this venv: {refused}")
+        print(f"class archive {sys.argv[2]} linked into {sys.argv[3]}")
+    else:
+        sys.exit(
+            "usage: python -m pipeline.class_archive load WORK_DIR CLASS_LIST\n"
+            "       python -m pipeline.class_archive reuse MADE_DIR JARS_DIR"
+        )

@@ -7,6 +7,7 @@ import base64
 import datetime
 import functools
 import json
+import os
 import re
 import shutil
 import threading
@@ -25,6 +26,7 @@ from ingest.model.timestamps import parse_rfc3339
 from pipeline import batch_writer, deployment, job
 from pipeline import catalog as pipeline_catalog
 from pipeline.catalog import discover_shapes, scan
+from pipeline.class_archive import reuse_archive
 from pipeline.columns import mirror_uri
 from pipeline.config import PipelineConfig
 from pipeline.files_gone import files_gone_line
@@ -41,6 +43,7 @@ from pipeline.state.registry import SchemaRegistry
 from runtime.jvm import CLASS_ARCHIVE
 from runtime.logs import null_logger
 from runtime.storage import jars_dir
+from tests.background_builds import CLASS_ARCHIVE_BUILD, wait_for_build
 from tests.builders import ACCOUNTS, START, ChangeLog
 from tests.pipeline_runs import configure, image_of, mirror_rows, processed_three_ways, run
 
@@ -92,6 +95,28 @@ def test_the_session_s_jvm_compiles_with_c1_only_and_maps_the_class_archive(spar
     assert str(archive) in Path(f"/proc/{pid}/maps").read_text(), "the archive is not mapped"
     delta = jvm.java.lang.Class.forName("io.delta.tables.DeltaTable").getClassLoader()
     assert delta.equals(jvm.java.lang.ClassLoader.getSystemClassLoader()), str(delta)
+
+
+def test_an_archive_made_elsewhere_is_taken_only_where_its_jars_are_the_same_files(
+    tmp_path: Path,
+) -> None:
+    """``make`` links one archive made in its cache into every clone (``reuse_archive``): taken
+    where the clone's jars are hard links of those it was made with; refused, nothing linked,
+    where one jar is a copy with the same time (a driver would run without it, silently)."""
+    wait_for_build(CLASS_ARCHIVE_BUILD)
+    made = jars_dir().resolve()
+    for name in ("linked", "copied"):
+        (tmp_path / name).mkdir()
+        for jar in made.glob("*.jar"):
+            os.link(jar, tmp_path / name / jar.name)
+    delta = next(made.glob("io.delta_delta-spark_*.jar"))
+    (tmp_path / "copied" / delta.name).unlink()
+    shutil.copy2(delta, tmp_path / "copied" / delta.name)
+    assert reuse_archive(made, tmp_path / "linked") is None
+    assert (tmp_path / "linked" / CLASS_ARCHIVE).samefile(made / CLASS_ARCHIVE)
+    refused = reuse_archive(made, tmp_path / "copied")
+    assert refused is not None and "mismatch" in refused, refused
+    assert not (tmp_path / "copied" / CLASS_ARCHIVE).exists()
 
 
 def test_the_session_s_python_workers_import_the_installed_compiled_pyspark(spark) -> None:
