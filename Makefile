@@ -54,8 +54,9 @@ cached = if [ -f $(JARS_CACHE)/$(2)/.fetched ]; then mkdir -p $(1) && $(call lin
 	else $(3) && $(call into_cache,$(JARS_CACHE)/$(2),mkdir -p $(JARS_CACHE)/$(2).new \
 	&& $(call link,$(1)/*.jar,$(JARS_CACHE)/$(2).new/) && touch $(JARS_CACHE)/$(2).new/.fetched); fi
 # Files hard-linked (one copy, and the same files the shared class archive below names), copied
-# where the cache is on another filesystem.
-link = { cp -l $(1) $(2) 2> /dev/null || cp $(1) $(2); }
+# where the cache is on another filesystem; a file already there is replaced, never written into
+# (it may be a link of the cached one).
+link = { cp -l --remove-destination $(1) $(2) 2> /dev/null || cp --remove-destination $(1) $(2); }
 
 # Delta jars for Spark, resolved once from Maven Central so nothing downloads at test or run time.
 .jars/.fetched: $(STAMP) pipeline/session.py

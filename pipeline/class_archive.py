@@ -79,6 +79,8 @@ def reuse_archive(made: Path, jars: Path) -> str | None:
     would run without it, silently)."""
     import pyspark
 
+    if not (made / MADE_WITH).is_file():
+        return f"no archive made in {made}"
     dumped = json.loads((made / MADE_WITH).read_text())
     moved = {dumped["spark_home"]: str(Path(pyspark.__file__).parent), dumped["jars"]: str(jars)}
     classpath = os.pathsep.join(
