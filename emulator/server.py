@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -66,9 +67,51 @@ def _gcloud_sdk_root(gcloud: str) -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A loopback port nothing listens on, for a process started later to listen on.
+
+    Not one the kernel would pick (``bind`` to port 0): it takes those from its ephemeral range,
+    as it does for every outgoing connection's own port, and such a connection took a port
+    chosen minutes before its process bound it (seen in the suite: a pipeline's metrics port,
+    ``Address already in use``). Ports come in turn from a block below that range, one block per
+    pytest-xdist worker, so no two tests get the same port either."""
+    for _ in range(_PORTS.size):
+        port = _PORTS.next()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {_PORTS}")
+
+
+@dataclass
+class _PortBlock:
+    """This process's ports for ``free_port``: ``size`` of them from ``first``, handed out in
+    turn from a random place (a worker's own scripts share its block)."""
+
+    first: int
+    size: int
+    turn: int
+
+    @classmethod
+    def of_this_process(cls, lowest: int = 10_000) -> _PortBlock:
+        ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+        below = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32_768
+        lowest = min(lowest, below // 3)
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        index = int(worker.removeprefix("gw")) if worker.startswith("gw") else workers
+        size = (below - lowest) // (workers + 1)
+        return cls(lowest + index * size, size, random.randrange(size))
+
+    def next(self) -> int:
+        port = self.first + self.turn % self.size
+        self.turn += 1
+        return port
+
+
+_PORTS = _PortBlock.of_this_process()
 
 
 @dataclass

@@ -3,6 +3,7 @@ prometheus_client's parser, and checked against the change log read just after t
 
 from __future__ import annotations
 
+import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
@@ -33,12 +34,20 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
 
-def scrape_until(port: int, done: Callable[[Samples], bool], timeout: float) -> Samples:
+def scrape_until(
+    port: int,
+    done: Callable[[Samples], bool],
+    timeout: float,
+    process: subprocess.Popen[bytes] | None = None,
+) -> Samples:
     """Scrape until ``done`` holds (Spark reports a micro-batch's progress to its listeners
-    after the batch, on its own thread), waiting for the process to serve at all."""
+    after the batch, on its own thread), waiting for the process to serve at all; failing at
+    once when ``process``, the one serving, has ended."""
     deadline = time.monotonic() + timeout
     samples: Samples = {}
     while True:
+        code = process.poll() if process is not None else None
+        assert code is None, f"the process serving port {port} ended ({code}) before it served"
         try:
             samples = scrape(port)
         except OSError:

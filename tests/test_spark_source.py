@@ -151,6 +151,7 @@ def test_on_a_standalone_cluster_the_driver_and_an_executor_killed_lose_nothing(
                 and (value(s, "ingest_spark_batch_duration_seconds_count") or 0) > 0
             ),
             timeout=120,
+            process=driver,
         )
         assert (value(scraped, "ingest_partition_queries_total") or 0) > 0
         assert value(scraped, "ingest_watermark_lag_seconds") is not None
@@ -197,6 +198,7 @@ def _lose_a_worker_mid_batch(
         metrics_port,
         lambda s: (value(s, "pipeline_batch_running_seconds") or 0) > 0,
         timeout=400,
+        process=running,
     )
     landed_before = pipeline.count("pipeline_batch")
     workers = [w for w in cluster.processes[1:] if cluster.executor_pids(w)]

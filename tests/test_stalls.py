@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from google.api_core.exceptions import Aborted
 
-from emulator.server import RunningEmulator
+from emulator.server import RunningEmulator, free_port
 from tests.checks import SEED_TRANSACTIONS, accounts_written_after_start
 from tests.processes import BANKING, background_workload, service_in, wait_until_landed
 from tests.stalls import EmulatorStalled, workload_failure
@@ -71,3 +71,13 @@ def test_a_stopped_product_and_a_stopped_emulator_are_told_apart(
         stop.set()
         os.kill(process.pid, signal.SIGCONT)
         process.kill()
+
+
+def test_ports_chosen_for_later_processes_are_none_the_kernel_gives_connections() -> None:
+    """``free_port``'s ports lie below the kernel's ephemeral range: an outgoing connection took
+    one chosen minutes before its pipeline bound it, which then exited ``Address already in
+    use``. A worker never hands one out twice."""
+    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert all(port < ephemeral for port in ports), ports
