@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyspark
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from runtime.jvm import CLASS_ARCHIVE
@@ -77,12 +78,10 @@ def reuse_archive(made: Path, jars: Path) -> str | None:
     the JVM's reason, and nothing linked. The archive's class path is mapped to this venv's
     Spark and ``jars``, and ``java -Xshare:on`` fails at once on an archive it refuses (a driver
     would run without it, silently)."""
-    import pyspark
-
     if not (made / MADE_WITH).is_file():
         return f"no archive made in {made}"
     dumped = json.loads((made / MADE_WITH).read_text())
-    moved = {dumped["spark_home"]: str(Path(pyspark.__file__).parent), dumped["jars"]: str(jars)}
+    moved = {dumped["spark_home"]: _spark_home(), dumped["jars"]: str(jars)}
     classpath = os.pathsep.join(
         _moved(entry, moved) for entry in dumped["classpath"].split(os.pathsep)
     )
@@ -108,6 +107,11 @@ def _moved(entry: str, moved: dict[str, str]) -> str:
         if entry == old or entry.startswith(old + os.sep):
             return new + entry[len(old) :]
     return entry
+
+
+def _spark_home() -> str:
+    """This venv's PySpark, whose ``jars/`` the driver's class path names."""
+    return str(Path(pyspark.__file__).parent)
 
 
 def _java() -> str:
@@ -140,11 +144,8 @@ def _load_classes(work: Path, class_list: Path) -> None:
     jvm = spark._jvm
     arguments = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
     modules = [str(a) for a in arguments if str(a).startswith("--add-modules")]
-    import pyspark
-
     classpath = jvm.System.getProperty("java.class.path")
-    spark_home = str(Path(pyspark.__file__).parent)
-    print(json.dumps({"classpath": classpath, "modules": modules, "spark_home": spark_home}))
+    print(json.dumps({"classpath": classpath, "modules": modules, "spark_home": _spark_home()}))
     spark.stop()
 
 
