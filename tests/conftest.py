@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import os
 import threading
+from collections import defaultdict
 from collections.abc import Callable, Generator, Iterator
 
 import pytest
@@ -111,22 +112,35 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def _report_cpu(terminalreporter: pytest.TerminalReporter, shown: int = 15) -> None:
-    """The costliest tests by CPU (``tests.cpu_use``), beside ``--durations``' wall times."""
-    costs = sorted(
-        (
-            (float(str(value)), report.nodeid)
-            for reports in terminalreporter.stats.values()
-            for report in reports
-            if isinstance(report, pytest.TestReport) and report.when == "teardown"
-            for name, value in report.user_properties
-            if name == cpu_use.PROPERTY
-        ),
-        reverse=True,
-    )
-    total = sum(cost for cost, _ in costs)
-    terminalreporter.write_sep("-", f"CPU of the tests: {total:.0f} s; the {shown} costliest")
-    for cost, nodeid in costs[:shown]:
-        terminalreporter.write_line(f"{cost:8.1f} s  {nodeid}")
+    """The costliest tests and files by CPU (``tests.cpu_use``), beside ``--durations``' wall
+    times, and the tests' CPU by kind of process: where a run's time goes."""
+    tests: dict[str, float] = {}
+    kinds: defaultdict[str, float] = defaultdict(float)
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if not (isinstance(report, pytest.TestReport) and report.when == "teardown"):
+                continue
+            for name, value in report.user_properties:
+                if name == cpu_use.PROPERTY:
+                    tests[report.nodeid] = float(str(value))
+                elif name == cpu_use.KINDS_PROPERTY and isinstance(value, dict):
+                    for kind, cost in value.items():
+                        kinds[kind] += cost
+    files: defaultdict[str, float] = defaultdict(float)
+    for nodeid, cost in tests.items():
+        files[nodeid.split("::", 1)[0]] += cost
+    total = sum(tests.values())
+    terminalreporter.write_sep("-", f"CPU of the tests: {total:.0f} s; by kind of process")
+    for kind, cost in _costliest(kinds, len(kinds)):
+        terminalreporter.write_line(f"{cost:8.1f} s  {kind}")
+    for title, costs in (("tests", tests), ("files", files)):
+        terminalreporter.write_sep("-", f"the {shown} costliest {title}")
+        for nodeid, cost in _costliest(costs, shown):
+            terminalreporter.write_line(f"{cost:8.1f} s  {nodeid}")
+
+
+def _costliest(costs: dict[str, float], shown: int) -> list[tuple[str, float]]:
+    return sorted(costs.items(), key=lambda item: item[1], reverse=True)[:shown]
 
 
 @pytest.fixture
@@ -192,8 +206,9 @@ def pytest_runtest_makereport(
     change logs are audited (``_audit_services``). The teardown's report carries the test's
     CPU seconds."""
     if call.when == "teardown" and CPU_SINCE in item.stash:
-        spent = item.config.stash[CPU_SAMPLER].spent(item.stash[CPU_SINCE])
-        item.user_properties.append((cpu_use.PROPERTY, spent))
+        by_kind = item.config.stash[CPU_SAMPLER].spent(item.stash[CPU_SINCE])
+        item.user_properties.append((cpu_use.PROPERTY, round(sum(by_kind.values()), 1)))
+        item.user_properties.append((cpu_use.KINDS_PROPERTY, by_kind))
     report = yield
     if call.excinfo is not None and isinstance(call.excinfo.value, EmulatorStalled):
         for running in _STARTED:

@@ -8,12 +8,17 @@ outlives the Python process that started it by a moment and is then nobody's chi
 are followed by sampling ``/proc``, not by the kernel's count of waited-for children: a process
 that lived less than one interval (1 s) is missed. A sample reads every process's stat: about
 1 ms per hundred processes, half a percent of a core per worker.
+
+Each process is also given a kind once, from its command line (a JVM by the process that started
+it: a pipeline's, ``spark-run``'s, the test worker's own session), so a run says where its CPU
+went: Spark's JVMs, their Python workers, the emulator, the ingest service, the tests' own code.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections import defaultdict
 from pathlib import Path
 
 PROPERTY = "cpu_s"
@@ -21,6 +26,41 @@ PROPERTY = "cpu_s"
 _TICKS = os.sysconf("SC_CLK_TCK")
 Process = tuple[int, int]
 """A process: its pid and its start time (pids are reused)."""
+KINDS_PROPERTY = "cpu_s_by_kind"
+"""The user property holding a test's CPU seconds by kind of process (``kind_of``)."""
+TEST_WORKER = "the test worker"
+"""The kind of the sampler's own process: the tests' code, their clients and workloads."""
+_PYTHON_KINDS = (
+    ("runtime.python_daemon", "Spark's Python workers"),
+    ("pyspark.", "Spark's Python workers"),
+    ("-m pipeline", "pipeline (Python)"),
+    ("spark-run", "spark-run (Python)"),
+    ("-m ingest", "ingest"),
+    ("bench/", "bench script (Python)"),
+)
+"""A Python process's kind by the first of these its command line holds."""
+
+
+def kind_of(command: str, parent: str) -> str:
+    """What a process is, from its command line and its parent's kind (a JVM is its parent's
+    Spark driver, unless it is a cluster's)."""
+    program = Path(command.split(" ", 1)[0]).name
+    if program == "java":
+        for name, kind in (
+            ("CoarseGrainedExecutorBackend", "Spark executor"),
+            ("deploy.master.Master", "Spark cluster"),
+            ("deploy.worker.Worker", "Spark cluster"),
+        ):
+            if name in command:
+                return kind
+        return f"JVM of {parent.removesuffix(' (Python)')}"
+    if program in ("emulator_main", "gateway_main"):
+        return "emulator"
+    if program == "minio":
+        return "MinIO"
+    if program.startswith("python"):
+        return next((kind for word, kind in _PYTHON_KINDS if word in command), "other Python")
+    return "other"
 
 
 def _stat(pid: int) -> tuple[int, int, float] | None:
@@ -39,6 +79,10 @@ class CpuSampler:
     def __init__(self, interval_s: float = 1.0) -> None:
         self._root = os.getpid()
         self._seen: dict[Process, float] = {}
+        root = _stat(self._root)
+        self._kinds: dict[Process, str] = {}
+        if root is not None:
+            self._kinds[(self._root, root[1])] = TEST_WORKER
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread = threading.Thread(
@@ -66,6 +110,24 @@ class CpuSampler:
                 process = (pid, stat[1])
                 if process in self._seen or self._under_root(pid, stats):
                     self._seen[process] = stat[2]
+                    if self._kinds.get(process, "other") == "other":  # a script may exec java
+                        self._kinds[process] = self._kind(pid, stats)
+
+    def _kind(self, pid: int, stats: dict[int, tuple[int, int, float] | None]) -> str:
+        """A new process's kind; its parent's first, where the sampler has not met it yet."""
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            return "other"
+        stat = stats.get(pid)
+        parent_stat = None if stat is None else stats.get(stat[0])
+        parent = "other"
+        if stat is not None and parent_stat is not None:
+            key = (stat[0], parent_stat[1])
+            if key not in self._kinds:
+                self._kinds[key] = self._kind(stat[0], stats)
+            parent = self._kinds[key]
+        return kind_of(command.strip(), parent)
 
     def _under_root(self, pid: int, stats: dict[int, tuple[int, int, float] | None]) -> bool:
         while pid > 1:
@@ -83,7 +145,12 @@ class CpuSampler:
         with self._lock:
             return dict(self._seen)
 
-    def spent(self, since: dict[Process, float]) -> float:
-        """CPU seconds since ``since``: each process's growth, a new one whole."""
+    def spent(self, since: dict[Process, float]) -> dict[str, float]:
+        """CPU seconds since ``since`` by kind of process: each process's growth, a new one
+        whole."""
         now = self.mark()
-        return round(sum(cpu - since.get(process, 0.0) for process, cpu in now.items()), 1)
+        by_kind: defaultdict[str, float] = defaultdict(float)
+        with self._lock:
+            for process, cpu in now.items():
+                by_kind[self._kinds.get(process, "other")] += cpu - since.get(process, 0.0)
+        return {kind: round(cpu, 1) for kind, cpu in by_kind.items() if round(cpu, 1)}
