@@ -131,6 +131,10 @@ def _report_cpu(terminalreporter: pytest.TerminalReporter, shown: int = 15) -> N
         files[nodeid.split("::", 1)[0]] += cost
     total = sum(tests.values())
     terminalreporter.write_sep("-", f"CPU of the tests: {total:.0f} s; by kind of process")
+    speed = cpu_use.core_speed()
+    terminalreporter.write_line(
+        f"(this machine's core: {speed:.1f} M turns of a reference loop a CPU-s)"
+    )
     for kind, cost in _costliest(kinds, len(kinds)):
         terminalreporter.write_line(f"{cost:8.1f} s  {kind}")
     for title, costs in (("tests", tests), ("files", files)):
