@@ -9,9 +9,10 @@ are followed by sampling ``/proc``, not by the kernel's count of waited-for chil
 that lived less than one interval (1 s) is missed. A sample reads every process's stat: about
 1 ms per hundred processes, half a percent of a core per worker.
 
-Each process is also given a kind once, from its command line (a JVM by the process that started
-it: a pipeline's, ``spark-run``'s, the test worker's own session), so a run says where its CPU
-went: Spark's JVMs, their Python workers, the emulator, the ingest service, the tests' own code.
+Each process is also given a kind from its command line when first seen (a JVM by the process that
+started it: a pipeline's, ``spark-run``'s, the test worker's own session; a script, which may
+exec java, is looked at again), so a run says where its CPU went: Spark's JVMs, their Python
+workers, the emulator, the ingest service, the tests' own code.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ class CpuSampler:
     def _kind(self, pid: int, stats: dict[int, tuple[int, int, float] | None]) -> str:
         """A new process's kind; its parent's first, where the sampler has not met it yet."""
         try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             return "other"
         stat = stats.get(pid)
@@ -144,7 +145,7 @@ class CpuSampler:
             if key not in self._kinds:
                 self._kinds[key] = self._kind(stat[0], stats)
             parent = self._kinds[key]
-        return kind_of(command.strip(), parent)
+        return kind_of(command.decode(errors="replace").strip(), parent)
 
     def _under_root(self, pid: int, stats: dict[int, tuple[int, int, float] | None]) -> bool:
         while pid > 1:
