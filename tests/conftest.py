@@ -212,7 +212,8 @@ def pytest_runtest_makereport(
     if call.when == "teardown" and CPU_SINCE in item.stash:
         by_kind = item.config.stash[CPU_SAMPLER].spent(item.stash[CPU_SINCE])
         item.user_properties.append((cpu_use.PROPERTY, round(sum(by_kind.values()), 1)))
-        item.user_properties.append((cpu_use.KINDS_PROPERTY, by_kind))
+        rounded = {kind: round(cpu, 1) for kind, cpu in by_kind.items() if round(cpu, 1)}
+        item.user_properties.append((cpu_use.KINDS_PROPERTY, rounded))
     report = yield
     if call.excinfo is not None and isinstance(call.excinfo.value, EmulatorStalled):
         for running in _STARTED:

@@ -48,7 +48,7 @@ def core_speed(turns: int = 1_000_000, rounds: int = 3) -> float:
     a few rounds (the first is often slower): the speed of one of this machine's cores, so runs
     on VMs of one name but another speed compare (the same tests have cost 2,964 to 3,998 CPU-s
     on two "AMD EPYC" VMs). CPU time, not wall time: with both cores of a VM kept busy the
-    figure was within the spread of an idle one's (27-28)."""
+    figure stayed within the spread of idle runs (bench/RESULTS.md, "The suite")."""
     best = 0.0
     for _ in range(rounds):
         started = time.process_time()
@@ -171,4 +171,4 @@ class CpuSampler:
         with self._lock:
             for process, cpu in now.items():
                 by_kind[self._kinds.get(process, "other")] += cpu - since.get(process, 0.0)
-        return {kind: round(cpu, 1) for kind, cpu in by_kind.items() if round(cpu, 1)}
+        return dict(by_kind)

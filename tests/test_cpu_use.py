@@ -11,9 +11,8 @@ JAVA = "/usr/lib/jvm/java-17-openjdk-amd64/bin/java -cp /x"
 
 
 def test_a_process_is_told_by_its_command_line_and_a_jvm_by_its_parent() -> None:
-    assert kind_of(
-        f"{JAVA} org.apache.spark.deploy.SparkSubmit pyspark-shell", "pipeline (Python)"
-    ) == ("JVM of pipeline")
+    driver = f"{JAVA} org.apache.spark.deploy.SparkSubmit pyspark-shell"
+    assert kind_of(driver, "pipeline (Python)") == "JVM of pipeline"
     assert kind_of(f"{JAVA} org.apache.spark.deploy.SparkSubmit", "the test worker") == (
         "JVM of the test worker"
     )
