@@ -57,6 +57,7 @@ from pipeline.processor import INPUT_COLUMNS, ChangeApplier, output_schema
 from pipeline.query import read_changes, spark_settings, start_query
 from pipeline.session import build_session
 from pipeline.state.variables import row_variable
+from pipeline.stream_start import fresh_start
 from runtime.logs import null_logger
 
 COLUMNS = (
@@ -284,7 +285,8 @@ def start_baseline(spark: Any, variant: str, config: PipelineConfig, plan: Plan)
 
         return land
 
-    changes = read_changes(spark, config).select(*INPUT_COLUMNS)
+    start = fresh_start(config.changelog_uri, config.checkpoint_uri).version
+    changes = read_changes(spark, config, start).select(*INPUT_COLUMNS)
     grouped = changes.groupBy("table_name", "keys")
     if variant == "pandas":
         applied = grouped.transformWithStateInPandas(

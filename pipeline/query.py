@@ -17,6 +17,7 @@ from pipeline.processor import INPUT_COLUMNS, ChangeApplier
 from pipeline.state import generations
 from pipeline.state.generations import Generation
 from pipeline.state.variables import legacy_variables
+from pipeline.stream_start import fresh_start
 from pipeline.user_processors.feed import routed
 from pipeline.user_processors.host import ChangeApplierWithProcessors, job_output_schema
 from runtime.logs import Logger
@@ -95,7 +96,7 @@ def start_query(
     if generation.seed_uri is not None and not generations.has_committed(generation):
         seed = spark.read.parquet(generation.seed_uri).groupBy("table_name", "keys")
     seeded = seed is not None
-    log_rows = read_changes(spark, config, generation.starting_version)
+    log_rows = read_changes(spark, config, _starting_version(config, generation, log))
     if plan.processors:
         processor: ChangeApplier = ChangeApplierWithProcessors(
             plan.processors, *arguments, seeded=seeded
@@ -123,6 +124,21 @@ def start_query(
     else:
         writer = writer.trigger(processingTime=f"{config.trigger_interval_s} seconds")
     return writer.start()
+
+
+def _starting_version(config: PipelineConfig, generation: Generation, log: Logger) -> int | None:
+    """A rebased generation's own version; otherwise the change log's first commit or Delta's
+    initial snapshot (``stream_start``)."""
+    if generation.starting_version is not None:
+        return generation.starting_version
+    start = fresh_start(config.changelog_uri, config.checkpoint_uri)
+    log.info(
+        "pipeline_stream_start",
+        starting_version=start.version,
+        initial_snapshot=start.version is None,
+        reason=start.reason,
+    )
+    return start.version
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import re
 import shutil
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -445,6 +446,36 @@ def test_a_change_log_vacuumed_under_a_stopped_job_stops_it_with_one_line(
     table.vacuum(0, dry_run=False, enforce_retention_duration=False)
     with pytest.raises(PipelineFailed, match=r"^CHANGELOG_FILES_REMOVED: a data file of "):
         run(spark, config)
+
+
+def test_a_fresh_job_reads_the_commits_from_version_0_or_after_compaction_the_snapshot(
+    spark, tmp_path: Path
+) -> None:
+    """Version 0 is read only while the change log holds nothing but appends; once compacted and
+    vacuumed its first files are gone, and a new job reads Delta's initial snapshot instead."""
+    config = configure(tmp_path)
+    changelog = ChangeLog(config.changelog_uri)
+    seed(changelog)
+    expected = {
+        1: {"account_id": 1, "owner": "ann", "balance": 90},
+        3: {"account_id": 3, "owner": "cy", "balance": 7},
+    }
+
+    def fresh_job(name: str) -> dict[str, Any]:
+        log = CapturingLogger()
+        fresh = replace(
+            config, checkpoint_uri=str(tmp_path / name), mirror_root=str(tmp_path / name / "m")
+        )
+        run_pipeline(fresh, log, threading.Event(), lambda: spark)
+        assert mirror_rows(spark, fresh) == expected
+        (start,) = [c.kwargs for c in log.calls if c.args == ("pipeline_stream_start",)]
+        return start
+
+    assert fresh_job("appends")["starting_version"] == 0
+    DeltaTable(config.changelog_uri).optimize.compact()
+    DeltaTable(config.changelog_uri).vacuum(0, dry_run=False, enforce_retention_duration=False)
+    start = fresh_job("compacted")
+    assert start["initial_snapshot"] and "OPTIMIZE" in start["reason"], start
 
 
 @pytest.mark.parametrize("local_merge_max_rows", [50_000, 0], ids=["delta-rs", "spark"])

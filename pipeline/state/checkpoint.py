@@ -225,6 +225,12 @@ def committed_batches(checkpoint_uri: str) -> set[int]:
     return _numbered(filesystem, f"{root.rstrip('/')}/commits")
 
 
+def planned_batches(checkpoint_uri: str) -> set[int]:
+    """Batch ids Spark has planned in the checkpoint (``offsets/<n>``), committed or not."""
+    filesystem, root = arrow_filesystem(checkpoint_uri)
+    return _numbered(filesystem, f"{root.rstrip('/')}/offsets")
+
+
 def roll_back_uncommitted_batch(checkpoint_uri: str) -> list[str]:
     """Delete the state schema and operator metadata files of batches with no commit.
 
