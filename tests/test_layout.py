@@ -142,6 +142,7 @@ PIPELINE_LAYERS = (
         "pipeline.deployment",
         "pipeline.rebase",
         "pipeline.batch_writer",
+        "pipeline.stream_start",
         "pipeline.query",
         "pipeline.restarts",
         "pipeline.job",
