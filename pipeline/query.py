@@ -132,12 +132,7 @@ def _starting_version(config: PipelineConfig, generation: Generation, log: Logge
     if generation.starting_version is not None:
         return generation.starting_version
     start = fresh_start(config.changelog_uri, config.checkpoint_uri)
-    log.info(
-        "pipeline_stream_start",
-        starting_version=start.version,
-        initial_snapshot=start.version is None,
-        reason=start.reason,
-    )
+    log.info("pipeline_stream_start", starting_version=start.version, reason=start.reason)
     return start.version
 
 
