@@ -6,7 +6,9 @@ appended rows: no compaction, delete, vacuum, property or schema change. Reading
 version 0 then skips the Spark job that plans the initial snapshot, about 3 s and 5 CPU-s of a
 fresh query's first batch (pipeline/NOTES.md, "The change log read from version 0"). While the
 log has no checkpoint file, the snapshot reads those same commit files anyway, so version 0
-never reads more; after it, or on any other history, the query reads the snapshot as before."""
+never reads more; after it, or on any other history, the query reads the snapshot as before.
+A vacuum (Spark logs none by default) deletes only files a commit removed, and on this
+append-only table only a compaction removes any: its ``OPTIMIZE`` commit is in the history."""
 
 from __future__ import annotations
 
