@@ -8,7 +8,8 @@ fresh query's first batch (pipeline/NOTES.md, "The change log read from version 
 log has no checkpoint file, the snapshot reads those same commit files anyway, so version 0
 never reads more; after it, or on any other history, the query reads the snapshot as before.
 A vacuum (Spark logs none by default) deletes only files a commit removed, and on this
-append-only table only a compaction removes any: its ``OPTIMIZE`` commit is in the history."""
+append-only table only a compaction (``OPTIMIZE``, Z-order) removes any, in a commit the
+history shows."""
 
 from __future__ import annotations
 
