@@ -78,6 +78,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Every transaction a failed emulator test's change log lacked, classified (an emulator
     omission runs the test again, any other fails it); the tests that cost the most CPU."""
     _report_cpu(terminalreporter)
+    _report_workers(terminalreporter)
     omissions = [
         f"{report.nodeid}: {value}"
         for reports in terminalreporter.stats.values()
@@ -145,6 +146,26 @@ def _report_cpu(terminalreporter: pytest.TerminalReporter, shown: int = 15) -> N
 
 def _costliest(costs: dict[str, float], shown: int) -> list[tuple[str, float]]:
     return sorted(costs.items(), key=lambda item: item[1], reverse=True)[:shown]
+
+
+def _report_workers(terminalreporter: pytest.TerminalReporter) -> None:
+    """When each xdist worker ran its first test and ended its last, and the seconds it spent
+    in tests: a worker that ends long before the others left a core idle at the suite's end."""
+    ends: defaultdict[str, list[float]] = defaultdict(list)
+    busy: defaultdict[str, float] = defaultdict(float)
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            node = getattr(report, "node", None)
+            if isinstance(report, pytest.TestReport) and node is not None and report.stop:
+                ends[node.gateway.id] += [report.start, report.stop]
+                busy[node.gateway.id] += report.stop - report.start
+    if not ends:
+        return
+    origin = min(min(times) for times in ends.values())
+    terminalreporter.write_sep("-", "the workers: first test, last test's end, seconds in tests")
+    for worker, times in sorted(ends.items()):
+        first, last = min(times) - origin, max(times) - origin
+        terminalreporter.write_line(f"{worker}: {first:7.0f} s {last:7.0f} s {busy[worker]:7.0f} s")
 
 
 @pytest.fixture
